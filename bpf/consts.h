@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/* Constants shared by the datapath and, through loader/layout.py (which parses the
+ * `#define KXLB_*` lines of this file), by the Python side. One source of truth. */
+#ifndef KXLB_CONSTS_H
+#define KXLB_CONSTS_H
+
+/* Map capacities. */
+#define KXLB_MAX_SERVICES        131072  /* VIP:port/proto entries; also svc_id range */
+#define KXLB_MAX_BACKEND_SLOTS   1048576 /* backend slots over all services, both generations */
+#define KXLB_MAX_BACKENDS_PER_SVC 4096   /* slots per service and generation */
+#define KXLB_CT_ENTRIES          262144  /* conntrack: two entries (fwd + rev) per flow */
+#define KXLB_FRAG_ENTRIES        8192    /* in-flight fragmented datagrams */
+
+/* Conntrack lifetimes in seconds (documented in docs/datapath.md). */
+#define KXLB_CT_TCP_SYN_S        60      /* TCP flow until the backend answered */
+#define KXLB_CT_TCP_EST_S        21600   /* established TCP flow, idle (Cilium's default) */
+#define KXLB_CT_TCP_CLOSE_S      10      /* after RST, or FIN seen in both directions */
+#define KXLB_CT_UDP_S            30      /* UDP flow until the backend answered (Linux: 30 s) */
+#define KXLB_CT_UDP_REPLIED_S    120     /* UDP flow that saw a reply (Linux "stream": 120 s) */
+#define KXLB_CT_REFRESH_S        1       /* an entry's deadline is rewritten at most this often */
+
+/* Conntrack entry direction. */
+#define KXLB_CT_DIR_FWD          0       /* client -> VIP, as sent by the client */
+#define KXLB_CT_DIR_REV          1       /* backend -> client, as sent by the backend */
+
+/* Conntrack entry flags (struct ct_entry.flags). */
+#define KXLB_CT_F_REPLIED        0x01    /* the backend has answered */
+#define KXLB_CT_F_FIN_FWD        0x02    /* client sent FIN */
+#define KXLB_CT_F_FIN_REV        0x04    /* backend sent FIN */
+#define KXLB_CT_F_RST            0x08    /* either side sent RST */
+
+/* Datapath counters (index into dp_stats). */
+#define KXLB_ST_PASS             0       /* not ours: passed untouched */
+#define KXLB_ST_NOT_IPV4         1       /* not IPv4 over Ethernet: passed untouched */
+#define KXLB_ST_MALFORMED        2       /* truncated / malformed IPv4: passed untouched */
+#define KXLB_ST_NEW_FLOW         3       /* new flow to a service: backend chosen */
+#define KXLB_ST_CT_FWD           4       /* client packet of a tracked flow */
+#define KXLB_ST_CT_REV           5       /* backend packet of a tracked flow: reverse NAT */
+#define KXLB_ST_ICMP_NAT         6       /* ICMP error about a tracked flow translated */
+#define KXLB_ST_FRAG_NAT         7       /* non-first fragment of a translated datagram */
+#define KXLB_ST_FRAG_UNKNOWN     8       /* non-first fragment seen before its first: passed */
+#define KXLB_ST_NO_BACKEND       9       /* service without backends: dropped */
+#define KXLB_ST_SLOT_RETRY       10      /* backend slot vanished under a swap: retried */
+#define KXLB_ST_CT_FULL          11      /* conntrack insert failed: dropped */
+#define KXLB_ST_MAX              16
+
+/* Per-service counters (struct svc_counters fields), index = svc_id. */
+
+/* Hash seed for backend selection. Any fixed value: every node must agree, so a flow
+ * that moves between nodes (ECMP change) still picks the same backend. */
+#define KXLB_HASH_SEED           0x6b786c62u /* "kxlb" */
+
+#endif

@@ -1,0 +1,191 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/* kxlb datapath: service DNAT with conntrack and reverse NAT, for tc (clsact ingress)
+ * and XDP. Both hooks run lb_process() on the raw frame and only differ in how they
+ * apply the rewrite it plans (nat.h).
+ *
+ * A packet's journey:
+ *   parse (Ethernet/IPv4/L4; anything odd is passed untouched)
+ *   -> later fragment?       follow the first fragment's translation (frag_map)
+ *   -> ICMP error?           translate it if it quotes a tracked flow
+ *   -> FWD conntrack hit?    client packet of a known flow: DNAT to its backend
+ *   -> service hit?          new flow: pick a backend, track it, DNAT
+ *   -> REV conntrack hit?    backend reply: SNAT back to VIP:port
+ *   -> otherwise             not ours: pass untouched */
+#include <uapi/linux/bpf.h>
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/in.h>
+#include <uapi/linux/ip.h>
+#include <uapi/linux/tcp.h>
+#include <uapi/linux/udp.h>
+#include <uapi/linux/icmp.h>
+#include <uapi/linux/pkt_cls.h>
+
+#define KXLB_DATAPATH 1
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define bpf_htons(x) __builtin_bswap16(x)
+#else
+#define bpf_htons(x) (x)
+#endif
+#define bpf_ntohs(x) bpf_htons(x)
+
+#include "maps.h"
+#include "csum.h"
+#include "hash.h"
+#include "parse.h"
+#include "lb.h"
+#include "ct.h"
+#include "nat.h"
+
+enum lb_verdict {
+	LB_PASS = 0,   /* hand the packet on unchanged */
+	LB_NAT,        /* apply the nat_plan, then hand on */
+	LB_DONE,       /* already rewritten in place (ICMP error), hand on */
+	LB_DROP,
+};
+
+/* First fragment of a translated datagram: remember the new address for the rest. */
+static __always_inline void frag_remember(const struct pkt *p, const struct nat_plan *n)
+{
+	if (!p->frag)
+		return;
+	struct frag_key fk = {.saddr = p->saddr, .daddr = p->daddr, .id = p->ip_id, .proto = p->proto};
+	struct frag_value fv = {.new_addr = n->new_addr, .dir = n->dst ? KXLB_CT_DIR_FWD : KXLB_CT_DIR_REV};
+	frag_map.update(&fk, &fv);
+}
+
+/* Later fragment: no ports to look at; translate the address like its first fragment
+ * did. One that overtook its first fragment is passed untouched (never corrupted). */
+static __always_inline int frag_follow(const struct pkt *p, struct nat_plan *n)
+{
+	struct frag_key fk = {.saddr = p->saddr, .daddr = p->daddr, .id = p->ip_id, .proto = p->proto};
+	struct frag_value *fv = frag_map.lookup(&fk);
+
+	if (!fv) {
+		stat_inc(KXLB_ST_FRAG_UNKNOWN);
+		return LB_PASS;
+	}
+	n->l3_off = p->l3_off;
+	n->l4_off = p->l4_off;
+	n->proto = p->proto;
+	n->dst = fv->dir == KXLB_CT_DIR_FWD;
+	n->l4 = 0;
+	n->old_addr = n->dst ? p->daddr : p->saddr;
+	n->new_addr = fv->new_addr;
+	n->old_port = n->new_port = 0;
+	stat_inc(KXLB_ST_FRAG_NAT);
+	return LB_NAT;
+}
+
+static __always_inline int lb_process(void *data, void *data_end, __u32 len, struct nat_plan *n)
+{
+	struct pkt p = {};
+	struct ct_entry *e;
+	struct svc_value *svp;
+	__u64 now;
+
+	switch (parse_ipv4(data, data_end, &p)) {
+	case PARSE_OK:
+		break;
+	case PARSE_NOT_IPV4:
+		stat_inc(KXLB_ST_NOT_IPV4);
+		return LB_PASS;
+	default:
+		stat_inc(KXLB_ST_MALFORMED);
+		return LB_PASS;
+	}
+	p.len = len;
+	if (!p.first_frag)
+		return frag_follow(&p, n);
+
+	now = bpf_ktime_get_ns();
+	if (p.proto == IPPROTO_ICMP) {
+		if (!p.frag && icmp_error_nat(data, data_end, &p, now)) {
+			stat_inc(KXLB_ST_ICMP_NAT);
+			return LB_DONE;
+		}
+		stat_inc(KXLB_ST_PASS);
+		return LB_PASS;
+	}
+	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP) {
+		stat_inc(KXLB_ST_PASS);
+		return LB_PASS;
+	}
+
+	/* 1. Client packet of a tracked flow: its backend is already decided. */
+	struct ct_key k = {.saddr = p.saddr, .daddr = p.daddr, .sport = p.sport,
+			   .dport = p.dport, .proto = p.proto, .dir = KXLB_CT_DIR_FWD};
+	e = ct_map.lookup(&k);
+	if (e && ct_usable(e, &p, now)) {
+		ct_touch(&k, e, &p, now);
+		nat_plan_fill(n, &p, 1, e->nat_addr, e->nat_port);
+		svc_account(e->svc_id, KXLB_CT_DIR_FWD, len, 0);
+		stat_inc(KXLB_ST_CT_FWD);
+		frag_remember(&p, n);
+		return LB_NAT;
+	}
+
+	/* 2. New flow to a service. */
+	struct svc_key sk = {.vip = p.daddr, .port = p.dport, .proto = p.proto};
+	svp = svc_map.lookup(&sk);
+	if (svp) {
+		struct svc_value sv = *svp; /* one snapshot: count and gen together */
+		struct backend be;
+
+		if (lb_select(&sk, &sv, &p, &be) < 0) {
+			stat_inc(KXLB_ST_NO_BACKEND);
+			return LB_DROP;
+		}
+		if (ct_create(&k, &p, &be, sv.svc_id, now) < 0) {
+			stat_inc(KXLB_ST_CT_FULL);
+			return LB_DROP;
+		}
+		nat_plan_fill(n, &p, 1, be.addr, be.port);
+		svc_account(sv.svc_id, KXLB_CT_DIR_FWD, len, 1);
+		stat_inc(KXLB_ST_NEW_FLOW);
+		frag_remember(&p, n);
+		return LB_NAT;
+	}
+
+	/* 3. Backend packet of a tracked flow: back to VIP:port. */
+	k.dir = KXLB_CT_DIR_REV;
+	e = ct_map.lookup(&k);
+	if (e && e->expires_ns > now) {
+		ct_touch(&k, e, &p, now);
+		nat_plan_fill(n, &p, 0, e->nat_addr, e->nat_port);
+		svc_account(e->svc_id, KXLB_CT_DIR_REV, len, 0);
+		stat_inc(KXLB_ST_CT_REV);
+		frag_remember(&p, n);
+		return LB_NAT;
+	}
+
+	stat_inc(KXLB_ST_PASS);
+	return LB_PASS;
+}
+
+int kxlb_tc(struct __sk_buff *skb)
+{
+	struct nat_plan n = {};
+	int v;
+
+	/* Headers (ICMP errors quote two) must be in the linear area for direct access. */
+	if (skb->data_end - skb->data < 128 && skb->len > skb->data_end - skb->data)
+		bpf_skb_pull_data(skb, skb->len < 128 ? skb->len : 128);
+
+	v = lb_process((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, &n);
+	if (v == LB_NAT)
+		return nat_apply_tc(skb, &n) < 0 ? TC_ACT_SHOT : TC_ACT_OK;
+	return v == LB_DROP ? TC_ACT_SHOT : TC_ACT_OK;
+}
+
+int kxlb_xdp(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct nat_plan n = {};
+	int v;
+
+	v = lb_process(data, data_end, data_end - data, &n);
+	if (v == LB_NAT)
+		return nat_apply_xdp(data, data_end, &n) < 0 ? XDP_DROP : XDP_PASS;
+	return v == LB_DROP ? XDP_DROP : XDP_PASS;
+}

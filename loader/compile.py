@@ -1,0 +1,64 @@
+"""Compile the datapath with BCC.
+
+BCC rewrites map operations (``ct_map.lookup(&k)``) only in the main source file, not
+in headers it includes, so the local headers of ``bpf/`` are inlined into one text
+before compiling. ``#line`` markers keep compiler messages pointing at the real files.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import KxlbError
+
+BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
+MAIN_SOURCE = BPF_DIR / "kxlb.c"
+_LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
+
+
+def inline_source(path: Path = MAIN_SOURCE, _seen: set[Path] | None = None) -> str:
+    """Return ``path`` with its local ``#include "x.h"`` lines replaced by the files."""
+    seen = _seen if _seen is not None else set()
+    out: list[str] = [f'#line 1 "{path}"']
+    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+        m = _LOCAL_INCLUDE.match(line)
+        if not m:
+            out.append(line)
+            continue
+        inc = (path.parent / m.group(1)).resolve()
+        if inc not in seen:  # every header has include guards; inline each once
+            seen.add(inc)
+            out.append(inline_source(inc, seen))
+        out.append(f'#line {lineno + 1} "{path}"')
+    return "\n".join(out) + "\n"
+
+
+@dataclass(frozen=True)
+class Datapath:
+    """A compiled datapath: the BCC module and the fds of its two programs."""
+
+    bpf: object  # bcc.BPF; kept alive so the program fds stay open
+    tc_fd: int
+    xdp_fd: int
+
+
+def compile_datapath(pin_dir: str, extra_cflags: list[str] | None = None) -> Datapath:
+    """Compile and load both programs; their maps are created at (or reused from)
+    ``pin_dir`` in bpffs."""
+    from bcc import BPF  # imported late: bcc is a system module, needed only here
+
+    text = inline_source()
+    cflags = [f'-DKXLB_PIN_DIR="{pin_dir}"', "-Wno-unused-function"] + (extra_cflags or [])
+    os.makedirs(pin_dir, exist_ok=True)
+    try:
+        bpf = BPF(text=text, cflags=cflags)
+    except Exception as exc:  # bcc raises a bare Exception; clang's text went to stderr
+        raise KxlbError(f"compiling {MAIN_SOURCE} failed ({exc}); the compiler's message is above") from exc
+    try:
+        tc = bpf.load_func(b"kxlb_tc", BPF.SCHED_CLS)
+        xdp = bpf.load_func(b"kxlb_xdp", BPF.XDP)
+    except Exception as exc:
+        raise KxlbError(f"the kernel rejected the datapath: {exc}") from exc
+    return Datapath(bpf=bpf, tc_fd=tc.fd, xdp_fd=xdp.fd)

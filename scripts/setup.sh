@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# kxlb machine set-up: system packages, kernel headers for BCC, bpffs, and the venv.
+# Idempotent and cached: a second run only checks stamps and exits in about a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=${KXLB_VENV:-$ROOT/.venv}
+
+log() { printf 'setup: %s\n' "$*" >&2; }
+[ "$(id -u)" = 0 ] || { echo "setup: must run as root (BPF, netns and apt need it)" >&2; exit 1; }
+
+# --- 1. Debian packages -------------------------------------------------------------
+APT_PKGS=(bpfcc-tools python3-bpfcc libbpfcc bpftool clang llvm linux-headers-amd64
+          iproute2 iptables nftables ethtool python3-venv python3-dev make)
+missing=()
+for p in "${APT_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# --- 2. Kernel headers for BCC --------------------------------------------------------
+# BCC compiles against /lib/modules/$(uname -r)/build. This kernel ships no headers, so
+# point the links at Debian's generic -amd64 tree (and its -common sibling).
+KDIR=/lib/modules/$(uname -r)
+if [ ! -e "$KDIR/build/include/linux/kconfig.h" ] && [ ! -e "$KDIR/build/Makefile" ] || [ ! -e "$KDIR/source" ]; then
+  amd64=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n1)
+  [ -n "$amd64" ] || { echo "setup: no /usr/src/linux-headers-*-amd64 tree after installing linux-headers-amd64" >&2; exit 1; }
+  common=${amd64%-amd64}-common
+  [ -d "$common" ] || { echo "setup: $common is missing (expected beside $amd64)" >&2; exit 1; }
+  mkdir -p "$KDIR"
+  [ -e "$KDIR/build" ] || ln -sfn "$amd64" "$KDIR/build"
+  [ -e "$KDIR/source" ] || ln -sfn "$common" "$KDIR/source"
+  log "kernel headers: $KDIR/build -> $(readlink "$KDIR/build")"
+fi
+
+# --- 3. bpffs ---------------------------------------------------------------------------
+if ! mountpoint -q /sys/fs/bpf; then
+  mount -t bpf bpf /sys/fs/bpf
+  log "mounted bpffs on /sys/fs/bpf"
+fi
+
+# --- 4. The venv ------------------------------------------------------------------------
+# BCC's Python module is Debian's and is built for Debian's /usr/bin/python3, so the venv
+# is made from that interpreter. It stays isolated from Debian's dist-packages except
+# for bcc itself, which is linked in.
+stamp="$VENV/.kxlb-setup-stamp"
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  [ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv "$VENV"
+  site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  ln -sfn /usr/lib/python3/dist-packages/bcc "$site/bcc"
+  "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
+  "$VENV/bin/python" -m pip install -q -e ".[test]"
+  echo "$want" > "$stamp"
+  log "venv ready: $VENV"
+fi
+"$VENV/bin/python" -c 'import bcc, pyroute2, scapy' || { echo "setup: venv import check failed" >&2; exit 1; }
