@@ -1,0 +1,5 @@
+import sys
+
+from kxlb.cli import main
+
+sys.exit(main())

@@ -1,0 +1,203 @@
+"""kxlb command line: load the datapath and manage services without Kubernetes.
+
+Every command prints one line ``kxlb: error: ...`` and exits 1 on bad input; a failed
+command leaves the maps as they were.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from kxlb.loader import datapath
+from kxlb.loader.errors import KxlbError
+from kxlb.loader.layout import C, DP_COUNTERS, PROTO_NAMES, Backend, ServiceKey, raw_to_ip, raw_to_port
+from kxlb.loader.maps import DEFAULT_PIN_DIR, Maps
+from kxlb.loader.services import ServiceTable
+
+CT_FLAG_NAMES = {C["CT_F_REPLIED"]: "replied", C["CT_F_FIN_FWD"]: "fin-client",
+                 C["CT_F_FIN_REV"]: "fin-backend", C["CT_F_RST"]: "rst"}
+
+
+def _print_json(obj) -> None:
+    json.dump(obj, sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")
+
+
+# --- load / unload --------------------------------------------------------------------------
+def cmd_load(a) -> None:
+    mode = a.xdp_mode if a.xdp else None
+    att = datapath.load(a.iface, a.netns, mode, a.pin_dir)
+    where = f" in netns {att.netns}" if att.netns else ""
+    print(f"kxlb: {att.hook}{' ' + att.mode if att.mode else ''} attached on {att.iface}{where}; maps in {a.pin_dir}")
+
+
+def cmd_unload(a) -> None:
+    gone = datapath.unload(a.pin_dir, a.iface, a.netns)
+    for att in gone:
+        print(f"kxlb: detached {att.hook} from {att.iface}" + (f" in netns {att.netns}" if att.netns else ""))
+    if not a.iface:
+        print(f"kxlb: removed maps in {a.pin_dir}")
+
+
+# --- services -------------------------------------------------------------------------------
+def cmd_service(a) -> None:
+    key = ServiceKey.parse(a.service)
+    backends = [Backend.parse(b) for b in getattr(a, "backends", [])]
+    with Maps.open(a.pin_dir) as maps:
+        table = ServiceTable(maps)
+        if a.action == "add":
+            st = table.add(key, backends)
+        elif a.action == "set-backends":
+            st = table.set_backends(key, backends)
+        else:
+            table.delete(key)
+            print(f"kxlb: service {key} deleted")
+            return
+    print(f"kxlb: service {key} (id {st.svc_id}) -> {', '.join(map(str, st.backends)) or 'no backends'}")
+
+
+def cmd_list(a) -> None:
+    with Maps.open(a.pin_dir) as maps:
+        services = sorted(ServiceTable(maps).read_all().values(), key=lambda s: s.key)
+    if a.json:
+        _print_json([{"service": str(s.key), "vip": s.key.vip, "port": s.key.port,
+                      "protocol": PROTO_NAMES[s.key.proto], "id": s.svc_id,
+                      "backends": [str(b) for b in s.backends]} for s in services])
+        return
+    print("Prot VIP:Port                 Id      Backends")
+    for s in services:
+        print(f"{PROTO_NAMES[s.key.proto].upper():4} {s.key.vip + ':' + str(s.key.port):24} {s.svc_id:<7} {len(s.backends)}")
+        for b in s.backends:
+            print(f"  -> {b}")
+
+
+def _flow_rows(maps: Maps, include_all: bool) -> list[dict]:
+    now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # the clock of bpf_ktime_get_ns
+    rows = []
+    for k, e in maps.conntrack.items():
+        alive = e.expires_ns > now
+        if not include_all and (not alive or k.dir != C["CT_DIR_FWD"]):
+            continue
+        rows.append({
+            "protocol": PROTO_NAMES.get(k.proto, str(k.proto)),
+            "direction": "client" if k.dir == C["CT_DIR_FWD"] else "backend",
+            "src": f"{raw_to_ip(k.saddr)}:{raw_to_port(k.sport)}",
+            "dst": f"{raw_to_ip(k.daddr)}:{raw_to_port(k.dport)}",
+            "nat": f"{raw_to_ip(e.nat_addr)}:{raw_to_port(e.nat_port)}",
+            "service_id": e.svc_id,
+            "expires_in_s": round((e.expires_ns - now) / 1e9, 1),
+            "state": [n for bit, n in CT_FLAG_NAMES.items() if e.flags & bit],
+        })
+    return sorted(rows, key=lambda r: (r["dst"], r["src"]))
+
+
+def cmd_conntrack(a) -> None:
+    with Maps.open(a.pin_dir) as maps:
+        rows = _flow_rows(maps, a.all)
+    if a.json:
+        _print_json(rows)
+        return
+    print(f"{'proto':5} {'from':21} {'to':21} {'translated to':21} {'expires':>8}  state")
+    for r in rows:
+        arrow = r["dst"] if r["direction"] == "client" else r["dst"]
+        print(f"{r['protocol']:5} {r['src']:21} {arrow:21} {r['nat']:21} {r['expires_in_s']:>7}s  "
+              f"{','.join(r['state']) or '-'}{'' if r['direction'] == 'client' else ' (reply)'}")
+
+
+def cmd_stats(a) -> None:
+    with Maps.open(a.pin_dir) as maps:
+        table = ServiceTable(maps)
+        services = sorted(table.read_all().values(), key=lambda s: s.key)
+        per_svc = []
+        for s in services:
+            c = table.counters(s.svc_id)
+            per_svc.append({"service": str(s.key), "id": s.svc_id,
+                            **{name: getattr(c, name) for name, _ in c._fields_}})
+        dp = {}
+        for idx, name in sorted(DP_COUNTERS.items()):
+            import ctypes
+            vals = maps.dp_stats.get(ctypes.c_uint32(idx)) or []
+            dp[name] = sum(v.value for v in vals)
+    if a.json:
+        _print_json({"services": per_svc, "datapath": dp})
+        return
+    print(f"{'service':26} {'conns':>8} {'pkts in':>10} {'bytes in':>12} {'pkts out':>10} {'bytes out':>12}")
+    for r in per_svc:
+        print(f"{r['service']:26} {r['new_flows']:>8} {r['fwd_packets']:>10} {r['fwd_bytes']:>12} "
+              f"{r['rev_packets']:>10} {r['rev_bytes']:>12}")
+    print("\ndatapath counters:")
+    for name, v in dp.items():
+        print(f"  {name:14} {v}")
+
+
+# --- parser ---------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kxlb", description=(
+        "eBPF/XDP service load balancer. Standalone mode: declare VIP:PORT/PROTO -> backends "
+        "like ipvsadm; the kernel datapath does the rest, with no kxlb process running."))
+    p.add_argument("--pin-dir", default=os.environ.get("KXLB_PIN_DIR", DEFAULT_PIN_DIR),
+                   help="bpffs directory of the pinned maps (env KXLB_PIN_DIR; default %(default)s)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    ld = sub.add_parser("load", help="compile the datapath and attach it to an interface")
+    ld.add_argument("--iface", required=True, help="interface to attach to (ingress)")
+    ld.add_argument("--netns", help="network namespace: a name from `ip netns` or a path like /proc/PID/ns/net")
+    ld.add_argument("--xdp", action="store_true", help="attach at XDP instead of tc clsact ingress")
+    ld.add_argument("--xdp-mode", choices=("generic", "native"), default="generic",
+                    help="XDP attach mode with --xdp (default %(default)s)")
+    ld.set_defaults(func=cmd_load)
+
+    ul = sub.add_parser("unload", help="detach from an interface, or (without --iface) everywhere and remove the maps")
+    ul.add_argument("--iface")
+    ul.add_argument("--netns")
+    ul.set_defaults(func=cmd_unload)
+
+    sv = sub.add_parser("service", help="add, delete or change a service")
+    ssub = sv.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for name, helptext in (("add", "add a service VIP:PORT/tcp|udp with its backends"),
+                           ("set-backends", "replace a service's backends (atomically for packets)")):
+        s = ssub.add_parser(name, help=helptext)
+        s.add_argument("service", metavar="VIP:PORT/PROTO")
+        s.add_argument("backends", nargs="*", metavar="BACKEND:PORT")
+        s.set_defaults(func=cmd_service)
+    s = ssub.add_parser("del", help="delete a service (tracked flows keep their backend)")
+    s.add_argument("service", metavar="VIP:PORT/PROTO")
+    s.set_defaults(func=cmd_service)
+
+    for name, fn, helptext in (("list", cmd_list, "services and their backends (like ipvsadm -Ln)"),
+                               ("conntrack", cmd_conntrack, "tracked flows"),
+                               ("stats", cmd_stats, "per-service and datapath counters")):
+        c = sub.add_parser(name, help=helptext)
+        c.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "conntrack":
+            c.add_argument("--all", action="store_true", help="include reply-direction and expired entries")
+        c.set_defaults(func=fn)
+
+    for register in _extensions():
+        register(sub)
+    return p
+
+
+def _extensions():
+    """Sub-commands living in other packages (demo, lab)."""
+    from kxlb.lab import standalone
+    return [standalone.register]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except KxlbError as exc:
+        print(f"kxlb: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Client side of lab traffic: one request over TCP or UDP from inside a namespace.
+
+Sockets are created (and TCP connected) inside the namespace, then used from here.
+"""
+from __future__ import annotations
+
+import socket
+
+from kxlb.loader.netns import netns
+
+
+def tcp_connect(ns: str, addr: str, port: int, timeout: float = 3.0) -> socket.socket:
+    with netns(ns):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    s.connect((addr, port))
+    return s
+
+
+def tcp_exchange(s: socket.socket, line: str = "hello") -> str:
+    """Send one line on a connected socket; return the reply line."""
+    s.sendall(line.encode() + b"\n")
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = s.recv(4096)
+        if not chunk:
+            raise ConnectionError("connection closed before the reply")
+        buf += chunk
+    return buf.decode().rstrip("\n")
+
+
+def tcp_request(ns: str, addr: str, port: int, line: str = "hello") -> tuple[str, tuple[str, int]]:
+    """New connection, one line; returns (reply, address the reply came from)."""
+    with tcp_connect(ns, addr, port) as s:
+        return tcp_exchange(s, line), s.getpeername()
+
+
+def udp_request(ns: str, addr: str, port: int, data: str = "hello", timeout: float = 3.0) -> tuple[str, tuple[str, int]]:
+    """One datagram from a fresh (unconnected) socket; returns (reply, its source)."""
+    with netns(ns):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with s:
+        s.settimeout(timeout)
+        s.sendto(data.encode(), (addr, port))
+        reply, src = s.recvfrom(4096)
+        return reply.decode(), src

@@ -1,0 +1,125 @@
+"""Thin ctypes binding to libbpf for what Python needs around pinned objects:
+open a pin, map element and batch operations, object info, and BPF_PROG_TEST_RUN.
+
+libbpf (Debian's libbpf1, which BCC itself links) does the syscalls; this module only
+declares signatures and turns negative returns into OSError.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+from functools import lru_cache
+
+from .errors import KxlbError
+
+BPF_ANY, BPF_NOEXIST, BPF_EXIST = 0, 1, 2
+
+c_int, c_uint32, c_uint64, c_void_p, c_char_p, c_size_t = (
+    ctypes.c_int, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
+
+
+class BatchOpts(ctypes.Structure):
+    _fields_ = [("sz", c_size_t), ("elem_flags", c_uint64), ("flags", c_uint64)]
+
+
+class TestRunOpts(ctypes.Structure):
+    """libbpf's struct bpf_test_run_opts."""
+
+    _fields_ = [
+        ("sz", c_size_t),
+        ("data_in", c_void_p), ("data_out", c_void_p),
+        ("data_size_in", c_uint32), ("data_size_out", c_uint32),
+        ("ctx_in", c_void_p), ("ctx_out", c_void_p),
+        ("ctx_size_in", c_uint32), ("ctx_size_out", c_uint32),
+        ("retval", c_uint32), ("repeat", c_int), ("duration", c_uint32),
+        ("flags", c_uint32), ("cpu", c_uint32), ("batch_size", c_uint32),
+    ]
+
+
+class MapInfo(ctypes.Structure):
+    """Leading fields of the kernel's struct bpf_map_info (the rest is padding here)."""
+
+    _fields_ = [
+        ("type", c_uint32), ("id", c_uint32), ("key_size", c_uint32), ("value_size", c_uint32),
+        ("max_entries", c_uint32), ("map_flags", c_uint32), ("name", ctypes.c_char * 16),
+        ("_rest", ctypes.c_uint8 * 200),
+    ]
+
+
+@lru_cache(maxsize=1)
+def lib() -> ctypes.CDLL:
+    name = ctypes.util.find_library("bpf") or "libbpf.so.1"
+    try:
+        so = ctypes.CDLL(name, use_errno=True)
+    except OSError as exc:
+        raise KxlbError(f"cannot load libbpf ({name}): {exc}; run `make setup`") from exc
+    sig = {
+        "bpf_obj_get": (c_int, [c_char_p]),
+        "bpf_obj_pin": (c_int, [c_int, c_char_p]),
+        "bpf_map_update_elem": (c_int, [c_int, c_void_p, c_void_p, c_uint64]),
+        "bpf_map_lookup_elem": (c_int, [c_int, c_void_p, c_void_p]),
+        "bpf_map_delete_elem": (c_int, [c_int, c_void_p]),
+        "bpf_map_get_next_key": (c_int, [c_int, c_void_p, c_void_p]),
+        "bpf_map_update_batch": (c_int, [c_int, c_void_p, c_void_p, ctypes.POINTER(c_uint32), ctypes.POINTER(BatchOpts)]),
+        "bpf_map_lookup_batch": (c_int, [c_int, c_void_p, c_void_p, c_void_p, c_void_p, ctypes.POINTER(c_uint32), ctypes.POINTER(BatchOpts)]),
+        "bpf_map_delete_batch": (c_int, [c_int, c_void_p, ctypes.POINTER(c_uint32), ctypes.POINTER(BatchOpts)]),
+        "bpf_obj_get_info_by_fd": (c_int, [c_int, c_void_p, ctypes.POINTER(c_uint32)]),
+        "bpf_prog_test_run_opts": (c_int, [c_int, ctypes.POINTER(TestRunOpts)]),
+    }
+    for fn, (res, args) in sig.items():
+        f = getattr(so, fn)
+        f.restype, f.argtypes = res, args
+    return so
+
+
+def check(ret: int, what: str) -> int:
+    """libbpf returns -errno (and sets errno); raise OSError naming the operation."""
+    if ret < 0:
+        err = -ret if ret != -1 else (ctypes.get_errno() or errno.EINVAL)
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return ret
+
+
+def obj_get(path: str) -> int:
+    return check(lib().bpf_obj_get(path.encode()), f"open pinned object {path}")
+
+
+def map_info(fd: int) -> MapInfo:
+    info = MapInfo()
+    size = c_uint32(ctypes.sizeof(info))
+    check(lib().bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size)), "map info")
+    return info
+
+
+@lru_cache(maxsize=1)
+def possible_cpus() -> int:
+    """Number of possible CPUs: the stride of per-CPU map values."""
+    text = open("/sys/devices/system/cpu/possible").read().strip()
+    count = 0
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        count += (int(hi) if hi else int(lo)) - int(lo) + 1
+    return count
+
+
+def batch_opts(elem_flags: int = 0) -> BatchOpts:
+    return BatchOpts(sz=ctypes.sizeof(BatchOpts), elem_flags=elem_flags, flags=0)
+
+
+def prog_test_run(prog_fd: int, data: bytes, repeat: int = 1, out_size: int = 0) -> tuple[int, bytes, int]:
+    """Run a program on ``data`` in the kernel (BPF_PROG_TEST_RUN).
+
+    Returns (program return code, output frame, mean ns per run). With repeat > 1 the
+    kernel runs the program on the same buffer each time, so from the second run on
+    it sees its own output.
+    """
+    inbuf = ctypes.create_string_buffer(data, len(data))
+    out_len = out_size or len(data) + 256
+    outbuf = ctypes.create_string_buffer(out_len)
+    opts = TestRunOpts(sz=ctypes.sizeof(TestRunOpts), data_in=ctypes.cast(inbuf, c_void_p),
+                       data_out=ctypes.cast(outbuf, c_void_p), data_size_in=len(data),
+                       data_size_out=out_len, repeat=repeat)
+    check(lib().bpf_prog_test_run_opts(prog_fd, ctypes.byref(opts)), "BPF_PROG_TEST_RUN")
+    return opts.retval, outbuf.raw[: opts.data_size_out], opts.duration

@@ -1,0 +1,189 @@
+"""Python mirrors of the datapath's map layouts (bpf/maps.h) and constants (bpf/consts.h).
+
+The structs are ctypes mirrors, checked field by field against the BTF clang emits for
+maps.h (tests/test_layout.py). The constants are read from consts.h itself, so there is
+one place to change them. Network-order fields hold the raw wire bytes; the dataclasses
+at the boundary (Backend, ServiceKey) speak dotted quads and host-order ports.
+"""
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import re
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import KxlbError
+
+BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
+
+
+def _read_constants(path: Path) -> dict[str, int]:
+    consts = {}
+    for m in re.finditer(r"^#define\s+KXLB_(\w+)\s+(0x[0-9a-fA-F]+|\d+)u?\b", path.read_text(), re.M):
+        consts[m.group(1)] = int(m.group(2), 0)
+    return consts
+
+
+C = _read_constants(BPF_DIR / "consts.h")
+"""Every ``#define KXLB_NAME value`` of consts.h, as C["NAME"]."""
+
+PROTOS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
+PROTO_NAMES = {v: k for k, v in PROTOS.items()}
+
+DP_COUNTERS = {v: k.removeprefix("ST_").lower() for k, v in C.items()
+               if k.startswith("ST_") and k != "ST_MAX"}
+"""dp_stats index -> counter name (from the KXLB_ST_* defines)."""
+
+u8, u16, u32, u64 = ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64
+
+
+class SvcKey(ctypes.Structure):
+    _fields_ = [("vip", u32), ("port", u16), ("proto", u8), ("pad", u8)]
+
+
+class SvcValue(ctypes.Structure):
+    _fields_ = [("svc_id", u32), ("count", u16), ("gen", u8), ("flags", u8)]
+
+
+class BackendKey(ctypes.Structure):
+    _fields_ = [("svc_id", u32), ("slot", u16), ("gen", u8), ("pad", u8)]
+
+
+class BackendValue(ctypes.Structure):
+    _fields_ = [("addr", u32), ("port", u16), ("pad", u16)]
+
+
+class CtKey(ctypes.Structure):
+    _fields_ = [("saddr", u32), ("daddr", u32), ("sport", u16), ("dport", u16),
+                ("proto", u8), ("dir", u8), ("pad", u16)]
+
+
+class CtEntry(ctypes.Structure):
+    _fields_ = [("expires_ns", u64), ("nat_addr", u32), ("nat_port", u16), ("flags", u8),
+                ("pad", u8), ("svc_id", u32), ("created_s", u32)]
+
+
+class FragKey(ctypes.Structure):
+    _fields_ = [("saddr", u32), ("daddr", u32), ("id", u16), ("proto", u8), ("pad", u8)]
+
+
+class FragValue(ctypes.Structure):
+    _fields_ = [("new_addr", u32), ("dir", u8), ("pad", u8 * 3)]
+
+
+class SvcCounters(ctypes.Structure):
+    _fields_ = [("fwd_packets", u64), ("fwd_bytes", u64), ("rev_packets", u64),
+                ("rev_bytes", u64), ("new_flows", u64)]
+
+
+MIRRORS: dict[str, type[ctypes.Structure]] = {
+    "svc_key": SvcKey, "svc_value": SvcValue, "backend_key": BackendKey, "backend": BackendValue,
+    "ct_key": CtKey, "ct_entry": CtEntry, "frag_key": FragKey, "frag_value": FragValue,
+    "svc_counters": SvcCounters,
+}
+"""C struct name -> ctypes mirror; the layout test walks this table."""
+
+
+# --- wire encodings -------------------------------------------------------------------
+
+_ORDER = sys.byteorder  # a u32 field holds network-order bytes read in host order
+
+def ip_to_raw(ip: str) -> int:
+    """Dotted quad -> u32 whose memory holds the address in network order."""
+    return int.from_bytes(socket.inet_aton(ip), _ORDER)
+
+
+def raw_to_ip(raw: int) -> str:
+    return socket.inet_ntoa(raw.to_bytes(4, _ORDER))
+
+
+def port_to_raw(port: int) -> int:
+    return socket.htons(port)
+
+
+def raw_to_port(raw: int) -> int:
+    return socket.ntohs(raw)
+
+
+
+
+# --- boundary types -------------------------------------------------------------------
+
+def parse_ipv4(text: str, what: str) -> str:
+    try:
+        addr = ipaddress.IPv4Address(text)
+    except ValueError:
+        raise KxlbError(f"{what}: {text!r} is not an IPv4 address") from None
+    return str(addr)
+
+
+def parse_port(text: str | int, what: str) -> int:
+    try:
+        port = int(text)
+    except (TypeError, ValueError):
+        raise KxlbError(f"{what}: port {text!r} is not a number") from None
+    if not 1 <= port <= 65535:
+        raise KxlbError(f"{what}: port {port} is out of range 1-65535")
+    return port
+
+
+def parse_proto(text: str, what: str) -> int:
+    proto = PROTOS.get(text.lower())
+    if proto is None:
+        raise KxlbError(f"{what}: unknown protocol {text!r} (expected tcp or udp)")
+    return proto
+
+
+@dataclass(frozen=True, order=True)
+class ServiceKey:
+    vip: str
+    port: int
+    proto: int
+
+    @classmethod
+    def parse(cls, text: str) -> "ServiceKey":
+        """'VIP:PORT/PROTO' as on the command line."""
+        addr, slash, proto = text.rpartition("/")
+        if not slash:
+            raise KxlbError(f"service {text!r}: expected VIP:PORT/tcp|udp")
+        vip, colon, port = addr.rpartition(":")
+        if not colon:
+            raise KxlbError(f"service {text!r}: expected VIP:PORT/tcp|udp")
+        return cls(parse_ipv4(vip, f"service {text!r}"), parse_port(port, f"service {text!r}"),
+                   parse_proto(proto, f"service {text!r}"))
+
+    def to_c(self) -> SvcKey:
+        return SvcKey(vip=ip_to_raw(self.vip), port=port_to_raw(self.port), proto=self.proto)
+
+    @classmethod
+    def from_c(cls, k: SvcKey) -> "ServiceKey":
+        return cls(raw_to_ip(k.vip), raw_to_port(k.port), k.proto)
+
+    def __str__(self) -> str:
+        return f"{self.vip}:{self.port}/{PROTO_NAMES.get(self.proto, self.proto)}"
+
+
+@dataclass(frozen=True, order=True)
+class Backend:
+    addr: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> "Backend":
+        addr, colon, port = text.rpartition(":")
+        if not colon:
+            raise KxlbError(f"backend {text!r}: expected ADDR:PORT")
+        return cls(parse_ipv4(addr, f"backend {text!r}"), parse_port(port, f"backend {text!r}"))
+
+    def to_c(self) -> BackendValue:
+        return BackendValue(addr=ip_to_raw(self.addr), port=port_to_raw(self.port))
+
+    @classmethod
+    def from_c(cls, v: BackendValue) -> "Backend":
+        return cls(raw_to_ip(v.addr), raw_to_port(v.port))
+
+    def __str__(self) -> str:
+        return f"{self.addr}:{self.port}"

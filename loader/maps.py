@@ -1,0 +1,193 @@
+"""Typed access to the pinned maps: ctypes keys and values in, ctypes out.
+
+Each map is opened from its bpffs pin and its key/value sizes are checked against the
+Python mirror before any access, so a datapath of another layout is refused with a
+clear message instead of being misread.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from dataclasses import dataclass
+from typing import Generic, Iterator, TypeVar
+
+from . import bpfsys
+from .errors import KxlbError
+from .layout import (BackendKey, BackendValue, CtEntry, CtKey, FragKey, FragValue, SvcCounters,
+                     SvcKey, SvcValue)
+
+K = TypeVar("K", bound=ctypes.Structure)
+V = TypeVar("V", bound=ctypes.Structure)
+
+DEFAULT_PIN_DIR = "/sys/fs/bpf/kxlb"
+
+
+class BpfMap(Generic[K, V]):
+    """A pinned BPF map with ctypes key and value types."""
+
+    def __init__(self, path: str, key_t: type[K], value_t: type[V], percpu: bool = False):
+        self.path, self.key_t, self.value_t, self.percpu = path, key_t, value_t, percpu
+        try:
+            self.fd = bpfsys.obj_get(path)
+        except OSError as exc:
+            raise KxlbError(f"cannot open map {path}: {exc.strerror} (is the datapath loaded? `kxlb load`)") from None
+        info = bpfsys.map_info(self.fd)
+        if info.key_size != ctypes.sizeof(key_t) or info.value_size != ctypes.sizeof(value_t):
+            os.close(self.fd)
+            raise KxlbError(
+                f"map {path} has key/value sizes {info.key_size}/{info.value_size}, this kxlb expects "
+                f"{ctypes.sizeof(key_t)}/{ctypes.sizeof(value_t)}: it was made by another version "
+                f"(`kxlb unload` and load again)")
+        self.max_entries = info.max_entries
+        self.ncpu = bpfsys.possible_cpus() if percpu else 1
+        self._stride = (ctypes.sizeof(value_t) + 7) & ~7
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def _value_buf(self):
+        return (ctypes.c_uint8 * (self._stride * self.ncpu))() if self.percpu else self.value_t()
+
+    def get(self, key: K) -> V | list[V] | None:
+        """The value, or (per-CPU map) the list of per-CPU values; None if absent."""
+        buf = self._value_buf()
+        ret = bpfsys.lib().bpf_map_lookup_elem(self.fd, ctypes.byref(key), ctypes.byref(buf))
+        if ret < 0:
+            if -ret == errno.ENOENT or ctypes.get_errno() == errno.ENOENT:
+                return None
+            bpfsys.check(ret, f"lookup in {self.path}")
+        return self._unpack(buf) if self.percpu else buf
+
+    def _unpack(self, buf) -> list[V]:
+        raw = bytes(buf)
+        return [self.value_t.from_buffer_copy(raw, i * self._stride) for i in range(self.ncpu)]
+
+    def put(self, key: K, value: V, flags: int = bpfsys.BPF_ANY) -> None:
+        if self.percpu:
+            buf = (ctypes.c_uint8 * (self._stride * self.ncpu))()
+            for i in range(self.ncpu):
+                ctypes.memmove(ctypes.addressof(buf) + i * self._stride, ctypes.addressof(value), ctypes.sizeof(value))
+            value = buf
+        bpfsys.check(bpfsys.lib().bpf_map_update_elem(self.fd, ctypes.byref(key), ctypes.byref(value), flags),
+                     f"update in {self.path}")
+
+    def delete(self, key: K) -> bool:
+        ret = bpfsys.lib().bpf_map_delete_elem(self.fd, ctypes.byref(key))
+        if ret < 0:
+            if -ret == errno.ENOENT or ctypes.get_errno() == errno.ENOENT:
+                return False
+            bpfsys.check(ret, f"delete in {self.path}")
+        return True
+
+    def keys(self) -> Iterator[K]:
+        prev, nxt = None, self.key_t()
+        while True:
+            ret = bpfsys.lib().bpf_map_get_next_key(self.fd, ctypes.byref(prev) if prev is not None else None,
+                                                    ctypes.byref(nxt))
+            if ret < 0:
+                return
+            yield self.key_t.from_buffer_copy(nxt)
+            prev = self.key_t.from_buffer_copy(nxt)
+
+    def items(self) -> list[tuple[K, V]]:
+        """All entries, by batch lookup where the kernel has it (one syscall per 4096)."""
+        if not self.percpu:
+            try:
+                return self._items_batch()
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, errno.ENOTSUPP if hasattr(errno, "ENOTSUPP") else 524, 524):
+                    raise
+        out = []
+        for k in self.keys():
+            v = self.get(k)
+            if v is not None:
+                out.append((k, v))
+        return out
+
+    def _items_batch(self, chunk: int = 4096) -> list[tuple[K, V]]:
+        lib = bpfsys.lib()
+        keys = (self.key_t * chunk)()
+        vals = (self.value_t * chunk)()
+        token_in, token_out = ctypes.c_uint64(), ctypes.c_uint64()
+        opts = bpfsys.batch_opts()
+        out: list[tuple[K, V]] = []
+        first = True
+        while True:
+            count = ctypes.c_uint32(chunk)
+            ret = lib.bpf_map_lookup_batch(self.fd, None if first else ctypes.byref(token_in),
+                                           ctypes.byref(token_out), keys, vals, ctypes.byref(count),
+                                           ctypes.byref(opts))
+            err = -ret if ret < 0 else 0
+            if ret < 0 and err != errno.ENOENT:
+                bpfsys.check(ret, f"batch lookup in {self.path}")
+            for i in range(count.value):
+                out.append((self.key_t.from_buffer_copy(keys[i]), self.value_t.from_buffer_copy(vals[i])))
+            if err == errno.ENOENT:
+                return out
+            token_in.value, first = token_out.value, False
+
+    def put_many(self, items: list[tuple[K, V]], flags: int = bpfsys.BPF_ANY) -> None:
+        """Write entries with one batch syscall; all-or-error (the caller rolls back)."""
+        if not items:
+            return
+        n = len(items)
+        keys = (self.key_t * n)(*[k for k, _ in items])
+        vals = (self.value_t * n)(*[v for _, v in items])
+        count = ctypes.c_uint32(n)
+        opts = bpfsys.batch_opts(flags)
+        ret = bpfsys.lib().bpf_map_update_batch(self.fd, keys, vals, ctypes.byref(count), ctypes.byref(opts))
+        if ret < 0:
+            err = -ret
+            if err in (errno.EINVAL, 524):  # no batch support for this map type
+                for k, v in items:
+                    self.put(k, v, flags)
+                return
+            bpfsys.check(ret, f"batch update in {self.path} ({count.value} of {n} written)")
+
+    def delete_many(self, keys_list: list[K]) -> None:
+        for k in keys_list:
+            self.delete(k)
+
+
+@dataclass
+class Maps:
+    """The datapath's pinned maps in one pin directory."""
+
+    pin_dir: str
+    services: BpfMap[SvcKey, SvcValue]
+    backends: BpfMap[BackendKey, BackendValue]
+    conntrack: BpfMap[CtKey, CtEntry]
+    frags: BpfMap[FragKey, FragValue]
+    svc_stats: BpfMap
+    dp_stats: BpfMap
+
+    @classmethod
+    def open(cls, pin_dir: str = DEFAULT_PIN_DIR) -> "Maps":
+        if not os.path.isdir(pin_dir):
+            raise KxlbError(f"no datapath pinned at {pin_dir} (run `kxlb load --iface IF` first)")
+        p = lambda name: os.path.join(pin_dir, name)  # noqa: E731
+        return cls(
+            pin_dir=pin_dir,
+            services=BpfMap(p("services"), SvcKey, SvcValue),
+            backends=BpfMap(p("backends"), BackendKey, BackendValue),
+            conntrack=BpfMap(p("conntrack"), CtKey, CtEntry),
+            frags=BpfMap(p("frags"), FragKey, FragValue),
+            svc_stats=BpfMap(p("svc_stats"), ctypes.c_uint32, SvcCounters, percpu=True),
+            dp_stats=BpfMap(p("dp_stats"), ctypes.c_uint32, ctypes.c_uint64, percpu=True),
+        )
+
+    def close(self) -> None:
+        for m in (self.services, self.backends, self.conntrack, self.frags, self.svc_stats, self.dp_stats):
+            m.close()
+
+    def __enter__(self) -> "Maps":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+PIN_NAMES = ("services", "backends", "conntrack", "frags", "svc_stats", "dp_stats")

@@ -1,0 +1,155 @@
+"""Programming services into the pinned maps, in an order that never shows a packet a
+half-written service (see bpf/maps.h for the generation scheme).
+
+Every change validates first and writes second; a write the kernel refuses is rolled
+back, so a failed command leaves the maps as they were.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Iterable
+
+from . import bpfsys
+from .errors import KxlbError
+from .layout import C, Backend, BackendKey, ServiceKey, SvcCounters, SvcKey, SvcValue
+from .maps import Maps
+
+MAX_PER_SVC = C["MAX_BACKENDS_PER_SVC"]
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    """A service as the datapath sees it."""
+
+    key: ServiceKey
+    svc_id: int
+    gen: int
+    backends: tuple[Backend, ...]
+
+
+def validate_backends(key: ServiceKey, backends: Iterable[Backend]) -> tuple[Backend, ...]:
+    seen: set[Backend] = set()
+    out = []
+    for b in backends:
+        if b in seen:
+            raise KxlbError(f"service {key}: duplicate backend {b}")
+        seen.add(b)
+        out.append(b)
+    if len(out) > MAX_PER_SVC:
+        raise KxlbError(f"service {key}: {len(out)} backends, at most {MAX_PER_SVC} per service")
+    return tuple(out)
+
+
+class ServiceTable:
+    """Reads and writes services in one pinned datapath."""
+
+    def __init__(self, maps: Maps):
+        self.maps = maps
+
+    # --- reading ------------------------------------------------------------------------
+    def _slots_by_id(self) -> dict[tuple[int, int], dict[int, Backend]]:
+        slots: dict[tuple[int, int], dict[int, Backend]] = {}
+        for k, v in self.maps.backends.items():
+            slots.setdefault((k.svc_id, k.gen), {})[k.slot] = Backend.from_c(v)
+        return slots
+
+    def read_all(self) -> dict[ServiceKey, ServiceState]:
+        slots = self._slots_by_id()
+        out = {}
+        for k, v in self.maps.services.items():
+            key = ServiceKey.from_c(k)
+            got = slots.get((v.svc_id, v.gen), {})
+            out[key] = ServiceState(key, v.svc_id, v.gen, tuple(got[i] for i in range(v.count) if i in got))
+        return out
+
+    def get(self, key: ServiceKey) -> ServiceState | None:
+        v = self.maps.services.get(key.to_c())
+        if v is None:
+            return None
+        bs = []
+        for i in range(v.count):
+            b = self.maps.backends.get(BackendKey(svc_id=v.svc_id, slot=i, gen=v.gen))
+            if b is not None:
+                bs.append(Backend.from_c(b))
+        return ServiceState(key, v.svc_id, v.gen, tuple(bs))
+
+    # --- writing ------------------------------------------------------------------------
+    def _free_svc_id(self) -> int:
+        used = {v.svc_id for _, v in self.maps.services.items()}
+        for i in range(1, C["MAX_SERVICES"]):
+            if i not in used:
+                return i
+        raise KxlbError(f"service map full: {C['MAX_SERVICES'] - 1} services")
+
+    def _check_slot_capacity(self, adding: int) -> None:
+        used = len(self.maps.backends.items())
+        if used + adding > self.maps.backends.max_entries:
+            raise KxlbError(f"backend map full: {used} of {self.maps.backends.max_entries} slots used, "
+                            f"{adding} more needed")
+
+    def _write_slots(self, key: ServiceKey, svc_id: int, gen: int, backends: tuple[Backend, ...]) -> list[BackendKey]:
+        items = [(BackendKey(svc_id=svc_id, slot=i, gen=gen), b.to_c()) for i, b in enumerate(backends)]
+        try:
+            self.maps.backends.put_many(items)
+        except OSError as exc:
+            self._delete_slots(svc_id, gen, len(items))
+            raise KxlbError(f"service {key}: writing backends failed: {exc}") from None
+        return [k for k, _ in items]
+
+    def _delete_slots(self, svc_id: int, gen: int, count: int) -> None:
+        for i in range(count):
+            self.maps.backends.delete(BackendKey(svc_id=svc_id, slot=i, gen=gen))
+
+    def add(self, key: ServiceKey, backends: Iterable[Backend]) -> ServiceState:
+        backends = validate_backends(key, backends)
+        if self.maps.services.get(key.to_c()) is not None:
+            raise KxlbError(f"service {key} already exists (use `service set-backends`)")
+        svc_id = self._free_svc_id()
+        self._check_slot_capacity(len(backends))
+        # 1. fresh counters, 2. slots, 3. the service entry that makes them reachable.
+        self.maps.svc_stats.put(ctypes.c_uint32(svc_id), SvcCounters())
+        self._write_slots(key, svc_id, 0, backends)
+        try:
+            self.maps.services.put(key.to_c(), SvcValue(svc_id=svc_id, count=len(backends), gen=0),
+                                   bpfsys.BPF_NOEXIST)
+        except OSError as exc:
+            self._delete_slots(svc_id, 0, len(backends))
+            raise KxlbError(f"service {key}: writing the service entry failed: {exc}") from None
+        return ServiceState(key, svc_id, 0, backends)
+
+    def set_backends(self, key: ServiceKey, backends: Iterable[Backend]) -> ServiceState:
+        backends = validate_backends(key, backends)
+        cur = self.maps.services.get(key.to_c())
+        if cur is None:
+            raise KxlbError(f"service {key} does not exist (use `service add`)")
+        old_gen, old_count, svc_id = cur.gen, cur.count, cur.svc_id
+        new_gen = 1 - old_gen
+        self._check_slot_capacity(len(backends))
+        # 1. new generation, invisible until 2. the entry flips count+gen in one update;
+        # 3. the old generation goes.
+        self._write_slots(key, svc_id, new_gen, backends)
+        try:
+            self.maps.services.put(key.to_c(), SvcValue(svc_id=svc_id, count=len(backends), gen=new_gen,
+                                                        flags=cur.flags), bpfsys.BPF_EXIST)
+        except OSError as exc:
+            self._delete_slots(svc_id, new_gen, len(backends))
+            raise KxlbError(f"service {key}: switching to the new backends failed: {exc}") from None
+        self._delete_slots(svc_id, old_gen, old_count)
+        return ServiceState(key, svc_id, new_gen, backends)
+
+    def delete(self, key: ServiceKey) -> None:
+        cur = self.maps.services.get(key.to_c())
+        if cur is None:
+            raise KxlbError(f"service {key} does not exist")
+        # The entry first: from here no new flow can reach the slots.
+        self.maps.services.delete(key.to_c())
+        self._delete_slots(cur.svc_id, cur.gen, cur.count)
+
+    # --- counters -----------------------------------------------------------------------
+    def counters(self, svc_id: int) -> SvcCounters:
+        total = SvcCounters()
+        for c in self.maps.svc_stats.get(ctypes.c_uint32(svc_id)) or []:
+            for name, _ in SvcCounters._fields_:
+                setattr(total, name, getattr(total, name) + getattr(c, name))
+        return total
