@@ -25,6 +25,11 @@ VIP_RANGE = "10.96.0.0/16"
 _counter = itertools.count()
 
 
+def unique_tag() -> str:
+    """A name no other run uses; carries our PID so cleanup_stale() can tell leftovers."""
+    return f"{PREFIX}{os.getpid()}x{next(_counter)}"
+
+
 def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     r = subprocess.run(list(args), capture_output=True, text=True)
     if check and r.returncode != 0:
@@ -63,7 +68,7 @@ def cleanup_stale() -> list[str]:
 @dataclass
 class NetLab:
     backends_n: int = 3
-    tag: str = field(default_factory=lambda: f"{PREFIX}{os.getpid()}x{next(_counter)}")
+    tag: str = field(default_factory=lambda: unique_tag())
     servers: list[subprocess.Popen] = field(default_factory=list)
 
     @property

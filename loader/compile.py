@@ -53,7 +53,7 @@ def compile_datapath(pin_dir: str, extra_cflags: list[str] | None = None) -> Dat
     cflags = [f'-DKXLB_PIN_DIR="{pin_dir}"', "-Wno-unused-function"] + (extra_cflags or [])
     os.makedirs(pin_dir, exist_ok=True)
     try:
-        bpf = BPF(text=text, cflags=cflags)
+        bpf = BPF(text=text.encode(), cflags=cflags)
     except Exception as exc:  # bcc raises a bare Exception; clang's text went to stderr
         raise KxlbError(f"compiling {MAIN_SOURCE} failed ({exc}); the compiler's message is above") from exc
     try:

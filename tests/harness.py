@@ -1,0 +1,68 @@
+"""BPF_PROG_TEST_RUN harness: scapy frames in, kernel-run program, frames out."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scapy.layers.inet import ICMP, IP, TCP, UDP, IPerror, TCPerror, UDPerror
+from scapy.layers.l2 import Ether
+
+from kxlb.loader.bpfsys import prog_test_run
+
+TC_ACT_OK, TC_ACT_SHOT = 0, 2
+XDP_DROP, XDP_PASS = 1, 2
+PASS = {"tc": TC_ACT_OK, "xdp": XDP_PASS}
+DROP = {"tc": TC_ACT_SHOT, "xdp": XDP_DROP}
+
+CLIENT_MAC, NODE_MAC = "02:00:00:00:00:01", "02:00:00:00:00:02"
+
+
+@dataclass
+class Hook:
+    name: str  # "tc" or "xdp"
+    fd: int
+
+    def run(self, frame) -> tuple[int, bytes]:
+        raw = bytes(frame)
+        verdict, out, _ = prog_test_run(self.fd, raw)
+        return verdict, out
+
+    @property
+    def passed(self) -> int:
+        return PASS[self.name]
+
+    @property
+    def dropped(self) -> int:
+        return DROP[self.name]
+
+
+def eth(payload):
+    return Ether(src=CLIENT_MAC, dst=NODE_MAC) / payload
+
+
+def assert_checksums(frame: bytes) -> Ether:
+    """Parse ``frame`` and check the IPv4 and L4 checksums against scapy's own
+    computation (for ICMP errors also the quoted IP header's and the ICMP checksum)."""
+    p = Ether(frame)
+    ip = p[IP]
+    rebuilt = ip.copy()
+    del rebuilt.chksum
+    for layer in (TCP, UDP, ICMP):
+        if layer in rebuilt and not (layer is UDP and ip[UDP].chksum == 0):
+            del rebuilt[layer].chksum
+    if IPerror in rebuilt:
+        del rebuilt[IPerror].chksum
+    rebuilt = IP(bytes(rebuilt))
+    assert rebuilt.chksum == ip.chksum, f"IP checksum {ip.chksum:#x}, expected {rebuilt.chksum:#x}"
+    for layer in (TCP, UDP, ICMP):
+        if layer in ip and ip.frag == 0 and not ip.flags.MF:
+            if layer is UDP and ip[UDP].chksum == 0:
+                continue
+            assert rebuilt[layer].chksum == ip[layer].chksum, \
+                f"{layer.__name__} checksum {ip[layer].chksum:#x}, expected {rebuilt[layer].chksum:#x}"
+    if IPerror in ip:
+        assert rebuilt[IPerror].chksum == ip[IPerror].chksum, "quoted IP header checksum"
+    return p
+
+
+__all__ = ["Hook", "eth", "assert_checksums", "IP", "TCP", "UDP", "ICMP", "IPerror", "TCPerror",
+           "UDPerror", "Ether", "PASS", "DROP"]

@@ -1,0 +1,318 @@
+"""The datapath, run in the kernel with BPF_PROG_TEST_RUN on frames built by scapy.
+
+Every case runs on both hooks (tc and XDP) and asserts on the output frame's bytes and
+checksums, the verdict, and map contents.
+"""
+from __future__ import annotations
+
+import ctypes
+import random
+import threading
+import time
+
+import pytest
+from scapy.layers.inet import IPOption_NOP, fragment
+from scapy.layers.inet6 import IPv6
+from scapy.layers.l2 import ARP
+
+from harness import ICMP, IP, TCP, UDP, Ether, Hook, IPerror, assert_checksums, eth
+from kxlb.loader.compile import compile_datapath
+from kxlb.loader.layout import C, Backend, CtKey, ServiceKey, ip_to_raw, port_to_raw
+from kxlb.loader.maps import Maps
+from kxlb.loader.services import ServiceTable
+
+CLIENT = "10.0.0.2"
+VIP, PORT = "10.96.0.10", 80
+BACKENDS = [Backend(f"10.1.0.{i}", 8080) for i in (11, 12, 13)]
+BACKEND_ADDRS = {b.addr for b in BACKENDS}
+TCP_SVC = ServiceKey(VIP, PORT, 6)
+TC_MIN_FRAME = 14 + 20  # shortest IPv4 frame the skb test run accepts
+UDP_SVC = ServiceKey(VIP, PORT, 17)
+
+
+@pytest.fixture(scope="module")
+def dp(pin_dirs):
+    pin = pin_dirs()
+    datapath = compile_datapath(pin)
+    maps = Maps.open(pin)
+    yield datapath, maps
+    maps.close()
+
+
+@pytest.fixture(params=["tc", "xdp"])
+def hook(request, dp):
+    datapath, _ = dp
+    return Hook(request.param, datapath.tc_fd if request.param == "tc" else datapath.xdp_fd)
+
+
+@pytest.fixture
+def table(dp):
+    """Services TCP and UDP VIP:80 -> three backends; all maps emptied afterwards."""
+    _, maps = dp
+    t = ServiceTable(maps)
+    t.add(TCP_SVC, BACKENDS)
+    t.add(UDP_SVC, BACKENDS)
+    yield t
+    for m in (maps.services, maps.backends, maps.conntrack, maps.frags):
+        for k in list(m.keys()):
+            m.delete(k)
+
+
+def syn(sport=40000, dst=VIP, dport=PORT, flags="S", client=CLIENT):
+    return eth(IP(src=client, dst=dst) / TCP(sport=sport, dport=dport, flags=flags, seq=1000) / b"payload")
+
+
+def ct_entry(maps, src, sport, dst, dport, proto, direction):
+    return maps.conntrack.get(CtKey(saddr=ip_to_raw(src), daddr=ip_to_raw(dst), sport=port_to_raw(sport),
+                                    dport=port_to_raw(dport), proto=proto, dir=direction))
+
+
+def monotonic_ns():
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def test_new_tcp_flow_is_dnated_to_a_backend_and_tracked(hook, table):
+    verdict, out = hook.run(syn())
+    assert verdict == hook.passed
+    p = assert_checksums(out)
+    assert p[IP].dst in BACKEND_ADDRS and p[TCP].dport == 8080
+    assert (p[IP].src, p[TCP].sport) == (CLIENT, 40000)
+    assert bytes(p[TCP].payload) == b"payload"
+    fwd = ct_entry(table.maps, CLIENT, 40000, VIP, PORT, 6, C["CT_DIR_FWD"])
+    rev = ct_entry(table.maps, p[IP].dst, 8080, CLIENT, 40000, 6, C["CT_DIR_REV"])
+    assert fwd is not None and rev is not None
+    ttl = (fwd.expires_ns - monotonic_ns()) / 1e9
+    assert C["CT_TCP_SYN_S"] - 5 < ttl <= C["CT_TCP_SYN_S"]
+
+
+def test_flow_keeps_its_backend_after_the_backend_set_changes(hook, table):
+    first = Ether(hook.run(syn(sport=41000))[1])[IP].dst
+    for _ in range(3):
+        assert Ether(hook.run(syn(sport=41000, flags="A"))[1])[IP].dst == first
+    remaining = [b for b in BACKENDS if b.addr != first]
+    table.set_backends(TCP_SVC, remaining)
+    verdict, out = hook.run(syn(sport=41000, flags="A"))
+    assert verdict == hook.passed and Ether(out)[IP].dst == first  # pinned by conntrack
+    new_dsts = {Ether(hook.run(syn(sport=42000 + i))[1])[IP].dst for i in range(60)}
+    assert new_dsts == {b.addr for b in remaining}  # new flows avoid the removed one
+
+
+def test_reply_is_reverse_nated_to_the_vip(hook, table):
+    out = Ether(hook.run(syn(sport=40001))[1])
+    backend = out[IP].dst
+    reply = eth(IP(src=backend, dst=CLIENT) / TCP(sport=8080, dport=40001, flags="SA", seq=5, ack=1001) / b"hi")
+    verdict, out = hook.run(reply)
+    assert verdict == hook.passed
+    p = assert_checksums(out)
+    assert (p[IP].src, p[TCP].sport, p[IP].dst, p[TCP].dport) == (VIP, PORT, CLIENT, 40001)
+    fwd = ct_entry(table.maps, CLIENT, 40001, VIP, PORT, 6, C["CT_DIR_FWD"])
+    assert fwd.flags & C["CT_F_REPLIED"]
+    ttl = (fwd.expires_ns - monotonic_ns()) / 1e9
+    assert ttl > C["CT_TCP_EST_S"] - 5  # established: the long lifetime
+
+
+def test_rst_shortens_the_flow_lifetime(hook, table):
+    backend = Ether(hook.run(syn(sport=40002))[1])[IP].dst
+    hook.run(eth(IP(src=backend, dst=CLIENT) / TCP(sport=8080, dport=40002, flags="SA")))
+    hook.run(syn(sport=40002, flags="R"))
+    for key in ((CLIENT, 40002, VIP, PORT, C["CT_DIR_FWD"]), (backend, 8080, CLIENT, 40002, C["CT_DIR_REV"])):
+        e = ct_entry(table.maps, *key[:4], 6, key[4])
+        assert (e.expires_ns - monotonic_ns()) / 1e9 <= C["CT_TCP_CLOSE_S"]
+
+
+def test_fin_from_both_sides_closes_but_half_close_does_not(hook, table):
+    backend = Ether(hook.run(syn(sport=40003))[1])[IP].dst
+    hook.run(eth(IP(src=backend, dst=CLIENT) / TCP(sport=8080, dport=40003, flags="SA")))
+    hook.run(syn(sport=40003, flags="FA"))
+    fwd = ct_entry(table.maps, CLIENT, 40003, VIP, PORT, 6, C["CT_DIR_FWD"])
+    assert (fwd.expires_ns - monotonic_ns()) / 1e9 > C["CT_TCP_EST_S"] - 5  # half-closed: still open
+    hook.run(eth(IP(src=backend, dst=CLIENT) / TCP(sport=8080, dport=40003, flags="FA")))
+    fwd = ct_entry(table.maps, CLIENT, 40003, VIP, PORT, 6, C["CT_DIR_FWD"])
+    assert (fwd.expires_ns - monotonic_ns()) / 1e9 <= C["CT_TCP_CLOSE_S"]
+
+
+def test_syn_reusing_a_closed_flow_picks_a_backend_again(hook, table):
+    hook.run(syn(sport=40004))
+    hook.run(syn(sport=40004, flags="R"))
+    table.set_backends(TCP_SVC, BACKENDS[:1])
+    out = Ether(hook.run(syn(sport=40004))[1])
+    assert out[IP].dst == BACKENDS[0].addr
+
+
+@pytest.mark.parametrize("csum", ["zero", "set"])
+def test_udp_checksum(hook, table, csum):
+    pkt = eth(IP(src=CLIENT, dst=VIP) / UDP(sport=5353, dport=PORT) / b"query")
+    if csum == "zero":
+        pkt[UDP].chksum = 0
+    verdict, out = hook.run(pkt)
+    assert verdict == hook.passed
+    p = assert_checksums(out)
+    assert p[IP].dst in BACKEND_ADDRS and p[UDP].dport == 8080
+    if csum == "zero":
+        assert p[UDP].chksum == 0
+
+
+def test_ip_options_are_kept_and_checksums_right(hook, table):
+    pkt = eth(IP(src=CLIENT, dst=VIP, options=[IPOption_NOP()] * 8) / TCP(sport=40005, dport=PORT, flags="S"))
+    assert pkt[IP].ihl is None or True
+    verdict, out = hook.run(pkt)
+    p = assert_checksums(out)
+    assert p[IP].ihl == 7 and len(p[IP].options) == 8
+    assert p[IP].dst in BACKEND_ADDRS and p[TCP].dport == 8080
+
+
+def test_fragments_follow_the_first_fragment(hook, table):
+    datagram = IP(src=CLIENT, dst=VIP, id=4242) / UDP(sport=6000, dport=PORT) / (b"x" * 2500)
+    frags = fragment(datagram, fragsize=1000)
+    assert len(frags) == 3
+    outs = []
+    for f in frags:
+        verdict, out = hook.run(eth(f))
+        assert verdict == hook.passed
+        outs.append(Ether(out)[IP])
+    backend = outs[0].dst
+    assert backend in BACKEND_ADDRS and all(o.dst == backend for o in outs)
+    for o in outs:  # header checksum of every fragment
+        fixed = o.copy()
+        del fixed.chksum
+        assert IP(bytes(fixed)).chksum == o.chksum
+    # Reassembled, the datagram has the backend's port and a valid UDP checksum.
+    whole = IP(src=CLIENT, dst=backend) / UDP(bytes(b"".join(bytes(o.payload) for o in outs)))
+    assert whole[UDP].dport == 8080
+    check = whole[UDP].chksum
+    del whole[UDP].chksum
+    assert IP(bytes(whole))[UDP].chksum == check
+
+
+def test_a_fragment_before_its_first_passes_untouched(hook, table):
+    frag = eth(IP(src=CLIENT, dst=VIP, id=999, frag=125, proto=17) / (b"y" * 100))
+    raw = bytes(frag)
+    verdict, out = hook.run(raw)
+    assert verdict == hook.passed and out == raw
+
+
+def test_icmp_port_unreachable_from_a_backend_is_translated(hook, table):
+    out = Ether(hook.run(eth(IP(src=CLIENT, dst=VIP) / UDP(sport=6001, dport=PORT) / b"q"))[1])
+    backend = out[IP].dst
+    quoted = bytes(out[IP])[:28]  # what the backend's kernel quotes: IP header + 8 bytes
+    err = eth(IP(src=backend, dst=CLIENT) / ICMP(type=3, code=3) / quoted)
+    verdict, out = hook.run(err)
+    assert verdict == hook.passed
+    p = assert_checksums(out)
+    assert p[IP].src == VIP and p[IP].dst == CLIENT
+    assert (p[IPerror].src, p[IPerror].dst) == (CLIENT, VIP)
+    assert p[IPerror].payload.sport == 6001 and p[IPerror].payload.dport == PORT
+
+
+def test_icmp_error_from_the_client_about_a_reply_goes_to_the_backend(hook, table):
+    out = Ether(hook.run(eth(IP(src=CLIENT, dst=VIP) / UDP(sport=6002, dport=PORT) / b"q"))[1])
+    backend = out[IP].dst
+    reply = Ether(hook.run(eth(IP(src=backend, dst=CLIENT) / UDP(sport=8080, dport=6002) / b"r"))[1])
+    err = eth(IP(src=CLIENT, dst=VIP) / ICMP(type=3, code=3) / bytes(reply[IP])[:28])
+    verdict, out = hook.run(err)
+    p = assert_checksums(out)
+    assert p[IP].dst == backend
+    assert (p[IPerror].src, p[IPerror].payload.sport) == (backend, 8080)
+
+
+@pytest.mark.parametrize("frame", [
+    eth(IP(src=CLIENT, dst="10.96.0.99") / TCP(sport=1, dport=PORT, flags="S")),   # other address
+    eth(IP(src=CLIENT, dst=VIP) / TCP(sport=1, dport=81, flags="S")),             # other port
+    eth(IP(src=CLIENT, dst=VIP) / ICMP(type=8)),                                   # ping
+    eth(IP(src=CLIENT, dst=VIP, proto=47) / b"gre"),                               # other protocol
+    eth(ARP(pdst=VIP)),
+    eth(IPv6(dst="fd00::1") / UDP(dport=PORT)),
+], ids=["other-ip", "other-port", "icmp-echo", "gre", "arp", "ipv6"])
+def test_traffic_not_for_a_service_passes_untouched(hook, table, frame):
+    raw = bytes(frame)
+    verdict, out = hook.run(raw)
+    assert verdict == hook.passed and out == raw
+
+
+def test_truncated_frames_are_never_rewritten(hook, table):
+    raw = bytes(syn(sport=40100))
+    # The kernel's skb test run refuses IPv4 frames shorter than an IP header; XDP takes
+    # them, and the parser that judges them is the same code for both hooks.
+    for cut in range(TC_MIN_FRAME if hook.name == "tc" else 14, len(raw)):
+        verdict, out = hook.run(raw[:cut])
+        assert verdict == hook.passed and out == raw[:cut], f"cut at {cut}"
+    assert not list(table.maps.conntrack.keys())  # and nothing was tracked
+
+
+def test_inconsistent_headers_are_never_rewritten(hook, table):
+    good = syn(sport=40101)
+    for mutate in (lambda p: setattr(p[IP], "len", 2000),      # claims more than arrived
+                   lambda p: setattr(p[IP], "ihl", 4),          # header shorter than 20 bytes
+                   lambda p: setattr(p[IP], "ihl", 15),         # options past the end
+                   lambda p: setattr(p[IP], "version", 6),
+                   lambda p: setattr(p[TCP], "dataofs", 2)):
+        p = good.copy()
+        mutate(p)
+        raw = bytes(p)
+        verdict, out = hook.run(raw)
+        assert verdict == hook.passed and out == raw
+
+
+def test_garbage_is_never_rewritten(hook, table):
+    rnd = random.Random(7)
+    for _ in range(300):
+        body = bytes(rnd.getrandbits(8) for _ in range(rnd.randrange(TC_MIN_FRAME - 14 if hook.name == "tc" else 1, 120)))
+        raw = bytes.fromhex("020000000002020000000001") + b"\x08\x00" + body
+        verdict, out = hook.run(raw)
+        assert verdict == hook.passed and out == raw
+
+
+def test_service_without_backends_drops(hook, table):
+    table.set_backends(TCP_SVC, [])
+    verdict, _ = hook.run(syn(sport=40200))
+    assert verdict == hook.dropped
+
+
+def test_new_flows_spread_over_all_backends(hook, table):
+    counts = {b.addr: 0 for b in BACKENDS}
+    for i in range(300):
+        counts[Ether(hook.run(syn(sport=20000 + i, client=f"10.0.{i % 7}.{i % 200 + 1}"))[1])[IP].dst] += 1
+    assert min(counts.values()) >= 60, counts
+
+
+def test_per_service_counters(hook, table):
+    before = table.counters(table.get(TCP_SVC).svc_id)
+    raw = bytes(syn(sport=40300))
+    hook.run(raw)
+    hook.run(syn(sport=40300, flags="A"))
+    after = table.counters(table.get(TCP_SVC).svc_id)
+    assert after.new_flows - before.new_flows == 1
+    assert after.fwd_packets - before.fwd_packets == 2
+    assert after.fwd_bytes - before.fwd_bytes == 2 * len(raw)
+
+
+def test_backend_swap_never_exposes_a_half_written_service(hook, table):
+    """A writer flips the service between 3 and 5 backends as fast as it can while new
+    flows arrive: every packet must find a backend of one set or the other."""
+    set_a = BACKENDS
+    set_b = [Backend(f"10.2.0.{i}", 9090) for i in range(1, 6)]
+    allowed = {(b.addr, b.port) for b in set_a + set_b}
+    stop = threading.Event()
+    flips = 0
+
+    def writer():
+        nonlocal flips
+        while not stop.is_set():
+            table.set_backends(TCP_SVC, set_b if flips % 2 == 0 else set_a)
+            flips += 1
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        deadline = time.monotonic() + 2.0
+        n = 0
+        while time.monotonic() < deadline:
+            verdict, out = hook.run(syn(sport=1024 + n % 60000, client=f"10.9.{n // 60000}.1"))
+            assert verdict == hook.passed
+            p = Ether(out)
+            assert (p[IP].dst, p[TCP].dport) in allowed
+            n += 1
+    finally:
+        stop.set()
+        t.join()
+    assert flips > 50 and n > 500
