@@ -29,9 +29,9 @@ def _print_json(obj) -> None:
 # --- load / unload --------------------------------------------------------------------------
 def cmd_load(a) -> None:
     mode = a.xdp_mode if a.xdp else None
-    att = datapath.load(a.iface, a.netns, mode, a.pin_dir)
-    where = f" in netns {att.netns}" if att.netns else ""
-    print(f"kxlb: {att.hook}{' ' + att.mode if att.mode else ''} attached on {att.iface}{where}; maps in {a.pin_dir}")
+    for att in datapath.load(a.iface, a.netns, mode, a.pin_dir):
+        where = f" in netns {att.netns}" if att.netns else ""
+        print(f"kxlb: {att.hook}{' ' + att.mode if att.mode else ''} attached on {att.iface}{where}; maps in {a.pin_dir}")
 
 
 def cmd_unload(a) -> None:
@@ -143,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     ld = sub.add_parser("load", help="compile the datapath and attach it to an interface")
-    ld.add_argument("--iface", required=True, help="interface to attach to (ingress)")
+    ld.add_argument("--iface", required=True, action="append",
+                    help="interface to attach to (ingress); repeat for several")
     ld.add_argument("--netns", help="network namespace: a name from `ip netns` or a path like /proc/PID/ns/net")
     ld.add_argument("--xdp", action="store_true", help="attach at XDP instead of tc clsact ingress")
     ld.add_argument("--xdp-mode", choices=("generic", "native"), default="generic",

@@ -32,8 +32,8 @@ def run(requests: int, xdp: bool, keep: bool) -> None:
         lab.start_servers(BACKEND_PORT)
         print(f"lab: client {lab.client} ({lab.client_ip}), node {lab.node}, "
               f"backends {', '.join(f'{lab.backend(i)} ({lab.backend_ip(i)})' for i in range(lab.backends_n))}")
-        for iface in lab.node_ifaces:
-            kxlb("--pin-dir", lab.pin_dir, "load", "--iface", iface, "--netns", lab.node, *(["--xdp"] if xdp else []))
+        kxlb("--pin-dir", lab.pin_dir, "load", "--netns", lab.node, *(["--xdp"] if xdp else []),
+             *[arg for iface in lab.node_ifaces for arg in ("--iface", iface)])
         print(f"datapath: {'XDP (generic)' if xdp else 'tc ingress'} on {', '.join(lab.node_ifaces)} of {lab.node}; "
               f"maps pinned in {lab.pin_dir}; the loader has exited")
         backends = [f"{lab.backend_ip(i)}:{BACKEND_PORT}" for i in range(lab.backends_n)]

@@ -31,28 +31,32 @@ def require_bpffs(pin_dir: str) -> None:
         raise KxlbError(f"{pin_dir} is not on a bpf filesystem (mount one: mount -t bpf bpf /sys/fs/bpf)")
 
 
-def load(iface: str, ns: str | None = None, xdp_mode: str | None = None,
-         pin_dir: str = "/sys/fs/bpf/kxlb") -> Attachment:
-    """Compile (maps: create or adopt the pinned ones) and attach on ``iface``.
-    ``xdp_mode`` None attaches at tc ingress, else XDP in 'generic' or 'native' mode.
-    Idempotent: attaching again replaces our program, and the other hook is removed."""
+def load(ifaces: list[str], ns: str | None = None, xdp_mode: str | None = None,
+         pin_dir: str = "/sys/fs/bpf/kxlb") -> list[Attachment]:
+    """Compile once (maps: create or adopt the pinned ones) and attach on each of
+    ``ifaces``. ``xdp_mode`` None attaches at tc ingress, else XDP in 'generic' or
+    'native' mode. Idempotent: attaching again replaces our program, and the other hook
+    is removed."""
     require_root("kxlb load")
     require_bpffs(pin_dir)
     from .netns import netns_path
     netns_path(ns)  # fail on a missing namespace before compiling
     dp = compile_datapath(pin_dir)
-    if xdp_mode:
-        attach.attach_xdp(ns, iface, dp.xdp_fd, xdp_mode)
-        attach.detach_tc(ns, iface)
-        a = Attachment(iface=iface, netns=ns, hook="xdp", mode=xdp_mode)
-    else:
-        attach.attach_tc(ns, iface, dp.tc_fd)
-        if attach.xdp_attached(ns, iface):
-            attach.detach_xdp(ns, iface)
-        a = Attachment(iface=iface, netns=ns, hook="tc")
     reg = Registry(pin_dir)
-    reg.save([x for x in reg.load() if (x.iface, x.netns) != (iface, ns)] + [a])
-    return a
+    done = []
+    for iface in ifaces:
+        if xdp_mode:
+            attach.attach_xdp(ns, iface, dp.xdp_fd, xdp_mode)
+            attach.detach_tc(ns, iface)
+            a = Attachment(iface=iface, netns=ns, hook="xdp", mode=xdp_mode)
+        else:
+            attach.attach_tc(ns, iface, dp.tc_fd)
+            if attach.xdp_attached(ns, iface):
+                attach.detach_xdp(ns, iface)
+            a = Attachment(iface=iface, netns=ns, hook="tc")
+        reg.save([x for x in reg.load() if (x.iface, x.netns) != (iface, ns)] + [a])
+        done.append(a)
+    return done
 
 
 def _detach(a: Attachment, missing_ok: bool) -> None:
