@@ -4,12 +4,21 @@
 #ifndef KXLB_CONSTS_H
 #define KXLB_CONSTS_H
 
-/* Map capacities. */
+/* Map capacities (overridable at compile time with -D, e.g. for tests of a full map;
+ * user space reads the real capacity from the map itself). */
+#ifndef KXLB_MAX_SERVICES
 #define KXLB_MAX_SERVICES        131072  /* VIP:port/proto entries; also svc_id range */
+#endif
+#ifndef KXLB_MAX_BACKEND_SLOTS
 #define KXLB_MAX_BACKEND_SLOTS   1048576 /* backend slots over all services, both generations */
+#endif
 #define KXLB_MAX_BACKENDS_PER_SVC 4096   /* slots per service and generation */
+#ifndef KXLB_CT_ENTRIES
 #define KXLB_CT_ENTRIES          262144  /* conntrack: two entries (fwd + rev) per flow */
+#endif
+#ifndef KXLB_FRAG_ENTRIES
 #define KXLB_FRAG_ENTRIES        8192    /* in-flight fragmented datagrams */
+#endif
 
 /* Conntrack lifetimes in seconds (documented in docs/datapath.md). */
 #define KXLB_CT_TCP_SYN_S        60      /* TCP flow until the backend answered */

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+import tempfile
+from contextlib import contextmanager
+from typing import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +39,23 @@ def inline_source(path: Path = MAIN_SOURCE, _seen: set[Path] | None = None) -> s
     return "\n".join(out) + "\n"
 
 
+@contextmanager
+def _captured_stderr() -> Iterator[list[str]]:
+    """Collect the lines C code (clang inside BCC) writes to file descriptor 2."""
+    lines: list[str] = []
+    with tempfile.TemporaryFile(mode="w+") as tmp:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            lines.extend(tmp.read().splitlines())
+
+
 @dataclass(frozen=True)
 class Datapath:
     """A compiled datapath: the BCC module and the fds of its two programs."""
@@ -49,13 +70,18 @@ def compile_datapath(pin_dir: str, extra_cflags: list[str] | None = None) -> Dat
     ``pin_dir`` in bpffs."""
     from bcc import BPF  # imported late: bcc is a system module, needed only here
 
-    text = inline_source()
+    text = inline_source(MAIN_SOURCE)
     cflags = [f'-DKXLB_PIN_DIR="{pin_dir}"', "-Wno-unused-function"] + (extra_cflags or [])
     os.makedirs(pin_dir, exist_ok=True)
-    try:
-        bpf = BPF(text=text.encode(), cflags=cflags)
-    except Exception as exc:  # bcc raises a bare Exception; clang's text went to stderr
-        raise KxlbError(f"compiling {MAIN_SOURCE} failed ({exc}); the compiler's message is above") from exc
+    with _captured_stderr() as diagnostics:
+        try:
+            bpf = BPF(text=text.encode(), cflags=cflags)
+            failed = None
+        except Exception as exc:  # bcc raises a bare Exception; clang wrote to fd 2
+            failed = exc
+    if failed is not None:
+        errors = [line for line in diagnostics if "error:" in line]
+        raise KxlbError(f"compiling {MAIN_SOURCE} failed: {'; '.join(errors[:3]) or failed}") from None
     try:
         tc = bpf.load_func(b"kxlb_tc", BPF.SCHED_CLS)
         xdp = bpf.load_func(b"kxlb_xdp", BPF.XDP)

@@ -77,10 +77,10 @@ class ServiceTable:
     # --- writing ------------------------------------------------------------------------
     def _free_svc_id(self) -> int:
         used = {v.svc_id for _, v in self.maps.services.items()}
-        for i in range(1, C["MAX_SERVICES"]):
-            if i not in used:
-                return i
-        raise KxlbError(f"service map full: {C['MAX_SERVICES'] - 1} services")
+        capacity = self.maps.services.max_entries
+        if len(used) >= capacity - 1:  # svc_id 0 is never used
+            raise KxlbError(f"service map full: {len(used)} of {capacity - 1} services")
+        return next(i for i in range(1, capacity) if i not in used)
 
     def _check_slot_capacity(self, adding: int) -> None:
         used = len(self.maps.backends.items())

@@ -1,0 +1,170 @@
+"""The `kxlb` command line: bad input gives one clear line and changes nothing; a full
+map is refused before anything is written; load/unload are idempotent and complete."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kxlb.loader import attach
+from kxlb.loader.compile import compile_datapath
+
+VIP = "10.96.0.10"
+
+
+def kxlb(pin_dir, *args):
+    return subprocess.run([sys.executable, "-m", "kxlb", "--pin-dir", pin_dir, *args],
+                          capture_output=True, text=True)
+
+
+def listing(pin_dir):
+    r = kxlb(pin_dir, "list", "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def small_dp(pin_dirs):
+    """A datapath with tiny maps: 3 services (ids 1..3), 6 backend slots."""
+    pin = pin_dirs()
+    dp = compile_datapath(pin, ["-DKXLB_MAX_SERVICES=4", "-DKXLB_MAX_BACKEND_SLOTS=6"])
+    yield pin, dp
+
+
+@pytest.fixture
+def pin(small_dp):
+    pin, _ = small_dp
+    assert kxlb(pin, "service", "add", f"{VIP}:80/tcp", "10.1.0.1:8080", "10.1.0.2:8080").returncode == 0
+    yield pin
+    for svc in listing(pin):
+        kxlb(pin, "service", "del", svc["service"])
+
+
+@pytest.mark.parametrize("args, names", [
+    (["service", "add", "10.96.0.300:80/tcp", "10.1.0.1:80"], "10.96.0.300"),
+    (["service", "add", f"{VIP}:0/tcp", "10.1.0.1:80"], "port 0"),
+    (["service", "add", f"{VIP}:65536/tcp", "10.1.0.1:80"], "port 65536"),
+    (["service", "add", f"{VIP}:81/sctp", "10.1.0.1:80"], "'sctp'"),
+    (["service", "add", f"{VIP}:81/tcp", "10.1.0.1:80", "10.1.0.1:80"], "duplicate backend 10.1.0.1:80"),
+    (["service", "add", f"{VIP}:81/tcp", "10.1.0:80"], "10.1.0"),
+    (["service", "add", f"{VIP}:81/tcp", "10.1.0.1:http"], "'http'"),
+    (["service", "add", f"{VIP}:80/tcp", "10.1.0.3:80"], "already exists"),
+    (["service", "set-backends", f"{VIP}:80/tcp", "10.1.0.1:8080", "10.1.0.1:8080"], "duplicate backend"),
+    (["service", "set-backends", f"{VIP}:99/udp", "10.1.0.1:80"], "does not exist"),
+    (["service", "del", f"{VIP}:99/udp"], "does not exist"),
+    (["service", "add", "nonsense"], "VIP:PORT/tcp|udp"),
+])
+def test_bad_input_is_one_clear_line_and_changes_nothing(pin, args, names):
+    before = listing(pin)
+    r = kxlb(pin, *args)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kxlb: error:") and names in lines[0], r.stderr
+    assert listing(pin) == before
+
+
+def test_full_service_map_is_refused_before_writing(pin):
+    for port in (81, 82):
+        assert kxlb(pin, "service", "add", f"{VIP}:{port}/tcp", "10.1.0.9:80").returncode == 0
+    before = listing(pin)
+    r = kxlb(pin, "service", "add", f"{VIP}:83/tcp", "10.1.0.9:80")
+    assert r.returncode == 1 and "service map full" in r.stderr
+    assert listing(pin) == before
+
+
+def test_full_backend_map_is_refused_before_writing(pin):
+    before = listing(pin)  # 2 of 6 slots used
+    r = kxlb(pin, "service", "add", f"{VIP}:81/udp", *[f"10.1.1.{i}:80" for i in range(1, 6)])
+    assert r.returncode == 1 and "backend map full" in r.stderr
+    assert listing(pin) == before
+    # A swap needs room for both generations at once: 2 old + 4 new fits, 2 + 5 does not.
+    assert kxlb(pin, "service", "set-backends", f"{VIP}:80/tcp", *[f"10.1.1.{i}:80" for i in range(1, 5)]).returncode == 0
+    r = kxlb(pin, "service", "set-backends", f"{VIP}:80/tcp", *[f"10.1.2.{i}:80" for i in range(1, 4)])
+    assert r.returncode == 1 and "backend map full" in r.stderr
+    assert [b for s in listing(pin) for b in s["backends"]] == [f"10.1.1.{i}:80" for i in range(1, 5)]
+
+
+def test_list_conntrack_and_stats_json(pin):
+    svc = listing(pin)
+    assert svc == [{"service": f"{VIP}:80/tcp", "vip": VIP, "port": 80, "protocol": "tcp", "id": svc[0]["id"],
+                    "backends": ["10.1.0.1:8080", "10.1.0.2:8080"]}]
+    stats = json.loads(kxlb(pin, "stats", "--json").stdout)
+    assert stats["services"][0]["service"] == f"{VIP}:80/tcp" and "new_flow" in stats["datapath"]
+    assert json.loads(kxlb(pin, "conntrack", "--json").stdout) == []
+    text = kxlb(pin, "list").stdout
+    assert "-> 10.1.0.1:8080" in text and "TCP  10.96.0.10:80" in text
+
+
+def test_help_lists_every_command():
+    r = subprocess.run([sys.executable, "-m", "kxlb", "--help"], capture_output=True, text=True)
+    for cmd in ("load", "unload", "service", "list", "conntrack", "stats", "demo"):
+        assert cmd in r.stdout
+
+
+# --- loader -------------------------------------------------------------------------------
+def tc_filters(ns, iface):
+    out = subprocess.run(["tc", "-n", ns, "filter", "show", "dev", iface, "ingress"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "kxlb_tc" in line]
+
+
+def test_load_twice_duplicates_nothing_and_unload_removes_every_trace(netlab):
+    pin = netlab.pin_dir
+    args = ["load", "--netns", netlab.node, "--iface", netlab.client_iface]
+    for _ in range(2):
+        r = kxlb(pin, *args)
+        assert r.returncode == 0, r.stderr
+    assert len(tc_filters(netlab.node, netlab.client_iface)) == 1
+    assert sorted(os.listdir(pin)) == sorted(["services", "backends", "conntrack", "frags", "svc_stats", "dp_stats"])
+    # Switching the same interface to XDP removes the tc program.
+    assert kxlb(pin, "load", "--netns", netlab.node, "--iface", netlab.client_iface, "--xdp").returncode == 0
+    assert tc_filters(netlab.node, netlab.client_iface) == []
+    assert attach.xdp_attached(netlab.node, netlab.client_iface) == "generic"
+    assert kxlb(pin, "load", "--netns", netlab.node, "--iface", "be0").returncode == 0
+    r = kxlb(pin, "unload")
+    assert r.returncode == 0, r.stderr
+    assert attach.xdp_attached(netlab.node, netlab.client_iface) is None
+    assert tc_filters(netlab.node, "be0") == []
+    qdiscs = subprocess.run(["tc", "-n", netlab.node, "qdisc", "show", "dev", "be0"], capture_output=True, text=True).stdout
+    assert "clsact" not in qdiscs
+    assert not os.path.exists(pin)
+    assert kxlb(pin, "unload").returncode == 0  # idempotent
+
+
+def test_maps_keep_their_content_across_reloads(netlab):
+    pin = netlab.pin_dir
+    base = ["load", "--netns", netlab.node, "--iface", netlab.client_iface]
+    assert kxlb(pin, *base).returncode == 0
+    assert kxlb(pin, "service", "add", f"{VIP}:80/tcp", "10.1.0.1:80").returncode == 0
+    assert kxlb(pin, *base).returncode == 0
+    assert [s["backends"] for s in listing(pin)] == [["10.1.0.1:80"]]
+    kxlb(pin, "unload")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["load", "--iface", "nosuch0", "--netns", "{node}"], "interface 'nosuch0' not found in network namespace"),
+    (["load", "--iface", "eth0", "--netns", "kxl-no-such-ns"], "network namespace 'kxl-no-such-ns' not found"),
+    (["--pin-dir", "/tmp/kxlb-not-bpffs", "load", "--iface", "lo"], "is not on a bpf filesystem"),
+    (["list"], "no datapath pinned at"),
+])
+def test_loader_errors_are_one_clear_line(netlab, args, message):
+    args = [a.replace("{node}", netlab.node) for a in args]
+    r = kxlb(netlab.pin_dir, *args)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], r.stderr
+
+
+def test_compile_error_carries_the_compiler_message(tmp_path, monkeypatch, pin_dirs):
+    from kxlb.loader import compile as comp
+    from kxlb.loader.errors import KxlbError
+
+    bad = tmp_path / "kxlb.c"
+    bad.write_text('#include "maps.h"\nint kxlb_tc(struct __sk_buff *skb) { return undeclared_thing; }\n')
+    (tmp_path / "maps.h").write_text("")
+    monkeypatch.setattr(comp, "MAIN_SOURCE", bad)
+    with pytest.raises(KxlbError) as err:
+        comp.compile_datapath(pin_dirs())
+    assert "undeclared_thing" in str(err.value)
