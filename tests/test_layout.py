@@ -1,0 +1,58 @@
+"""One source of truth: every map struct of bpf/maps.h against its ctypes mirror.
+
+clang compiles maps.h for the BPF target with debug info; bpftool dumps the BTF; each
+struct's size and each field's name, offset and size must match loader/layout.py.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import subprocess
+
+import pytest
+
+from kxlb.loader.layout import BPF_DIR, C, MIRRORS
+
+
+@pytest.fixture(scope="module")
+def btf(tmp_path_factory):
+    d = tmp_path_factory.mktemp("btf")
+    src = d / "layout.c"
+    src.write_text('#include <linux/types.h>\n#include "maps.h"\n' +
+                   "".join(f"struct {name} v_{name};\n" for name in MIRRORS))
+    obj = d / "layout.o"
+    subprocess.run(["clang", "-target", "bpf", "-g", "-O0", "-c", f"-I{BPF_DIR}",
+                    "-I/usr/include/x86_64-linux-gnu", "-o", str(obj), str(src)], check=True)
+    dump = json.loads(subprocess.run(["bpftool", "-j", "btf", "dump", "file", str(obj)],
+                                     check=True, capture_output=True, text=True).stdout)
+    return {t["id"]: t for t in dump["types"]}
+
+
+def _size(types, type_id):
+    t = types[type_id]
+    if t["kind"] == "ARRAY":
+        return t["nr_elems"] * _size(types, t["type_id"])
+    if "size" not in t:  # typedef, const, volatile
+        return _size(types, t["type_id"])
+    return t["size"]
+
+
+@pytest.mark.parametrize("name", sorted(MIRRORS))
+def test_struct_matches_its_python_mirror(btf, name):
+    mirror = MIRRORS[name]
+    c_struct = next(t for t in btf.values() if t.get("kind") == "STRUCT" and t.get("name") == name)
+    assert c_struct["size"] == ctypes.sizeof(mirror)
+    c_fields = [(m["name"], m["bits_offset"] // 8, _size(btf, m["type_id"])) for m in c_struct["members"]]
+    py_fields = [(f, getattr(mirror, f).offset, getattr(mirror, f).size) for f, _ in mirror._fields_]
+    assert c_fields == py_fields
+
+
+def test_every_map_struct_has_a_mirror(btf):
+    c_structs = {t["name"] for t in btf.values() if t.get("kind") == "STRUCT"}
+    assert c_structs == set(MIRRORS)
+
+
+def test_constants_come_from_the_header():
+    text = (BPF_DIR / "consts.h").read_text()
+    assert f"KXLB_CT_TCP_EST_S        {C['CT_TCP_EST_S']}" in text
+    assert C["ST_MAX"] > max(v for k, v in C.items() if k.startswith("ST_") and k != "ST_MAX")
