@@ -97,8 +97,8 @@ static __always_inline int lb_process(void *data, void *data_end, __u32 len, str
 	if (!p.first_frag)
 		return frag_follow(&p, n);
 
-	now = bpf_ktime_get_ns();
 	if (p.proto == IPPROTO_ICMP) {
+		now = bpf_ktime_get_ns();
 		if (!p.frag && icmp_error_nat(data, data_end, &p, now)) {
 			stat_inc(KXLB_ST_ICMP_NAT);
 			return LB_DONE;
@@ -115,6 +115,7 @@ static __always_inline int lb_process(void *data, void *data_end, __u32 len, str
 	struct ct_key k = {.saddr = p.saddr, .daddr = p.daddr, .sport = p.sport,
 			   .dport = p.dport, .proto = p.proto, .dir = KXLB_CT_DIR_FWD};
 	e = ct_map.lookup(&k);
+	now = e ? bpf_ktime_get_ns() : 0; /* the clock only when an entry is there to judge */
 	if (e && ct_usable(e, &p, now)) {
 		ct_touch(&k, e, &p, now);
 		nat_plan_fill(n, &p, 1, e->nat_addr, e->nat_port);
@@ -135,6 +136,8 @@ static __always_inline int lb_process(void *data, void *data_end, __u32 len, str
 			stat_inc(KXLB_ST_NO_BACKEND);
 			return LB_DROP;
 		}
+		if (!now)
+			now = bpf_ktime_get_ns();
 		if (ct_create(&k, &p, &be, sv.svc_id, now) < 0) {
 			stat_inc(KXLB_ST_CT_FULL);
 			return LB_DROP;
@@ -149,6 +152,8 @@ static __always_inline int lb_process(void *data, void *data_end, __u32 len, str
 	/* 3. Backend packet of a tracked flow: back to VIP:port. */
 	k.dir = KXLB_CT_DIR_REV;
 	e = ct_map.lookup(&k);
+	if (e && !now)
+		now = bpf_ktime_get_ns();
 	if (e && e->expires_ns > now) {
 		ct_touch(&k, e, &p, now);
 		nat_plan_fill(n, &p, 0, e->nat_addr, e->nat_port);

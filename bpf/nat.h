@@ -40,14 +40,14 @@ static __always_inline void nat_plan_fill(struct nat_plan *n, const struct pkt *
 	n->new_port = new_port;
 }
 
-/* tc: rewrite through helpers. Returns 0 or a negative helper error. */
+/* tc: checksums through the helpers (they know CHECKSUM_PARTIAL/COMPLETE), then the
+ * address and port written directly: cheaper than bpf_skb_store_bytes, and the helpers
+ * already made the head writable. Returns 0, or negative on error. */
 static __always_inline int nat_apply_tc(struct __sk_buff *skb, const struct nat_plan *n)
 {
-	__u32 addr_off = n->l3_off + (n->dst ? OFF_(struct iphdr, daddr) : OFF_(struct iphdr, saddr));
 	int ret;
 
 	if (n->l4) {
-		__u32 port_off = n->l4_off + (n->dst ? 2 : 0);
 		__u32 csum_off;
 		__u64 zero_flag = 0;
 
@@ -66,18 +66,32 @@ static __always_inline int nat_apply_tc(struct __sk_buff *skb, const struct nat_
 						  zero_flag | sizeof(n->new_port));
 			if (ret < 0)
 				return ret;
-			__be16 port = n->new_port;
-			ret = bpf_skb_store_bytes(skb, port_off, &port, sizeof(port), 0);
-			if (ret < 0)
-				return ret;
 		}
 	}
 	ret = bpf_l3_csum_replace(skb, n->l3_off + OFF_(struct iphdr, check), n->old_addr,
 				  n->new_addr, sizeof(n->new_addr));
 	if (ret < 0)
 		return ret;
-	__be32 addr = n->new_addr;
-	return bpf_skb_store_bytes(skb, addr_off, &addr, sizeof(addr), 0);
+
+	/* The helpers invalidated packet pointers: take them again. */
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct iphdr *ip = data + ETH_HLEN_;
+	__be16 *ports;
+
+	if ((void *)(ip + 1) > data_end)
+		return -1;
+	if (n->dst)
+		ip->daddr = n->new_addr;
+	else
+		ip->saddr = n->new_addr;
+	if (n->l4) {
+		ports = (void *)ip + ip->ihl * 4;
+		if ((void *)(ports + 2) > data_end)
+			return -1;
+		ports[n->dst ? 1 : 0] = n->new_port;
+	}
+	return 0;
 }
 
 /* XDP: rewrite in place. Offsets are re-derived from the packet so the verifier can

@@ -118,6 +118,36 @@ class ServiceTable:
             raise KxlbError(f"service {key}: writing the service entry failed: {exc}") from None
         return ServiceState(key, svc_id, 0, backends)
 
+    def add_many(self, services: dict[ServiceKey, Iterable[Backend]]) -> list[ServiceState]:
+        """Add many new services with two batch writes (all slots, then all entries):
+        a full sync's path. Validates everything before writing anything."""
+        checked = {k: validate_backends(k, bs) for k, bs in services.items()}
+        existing = {ServiceKey.from_c(k) for k, _ in self.maps.services.items()}
+        clash = next((k for k in checked if k in existing), None)
+        if clash is not None:
+            raise KxlbError(f"service {clash} already exists")
+        used = {v.svc_id for _, v in self.maps.services.items()}
+        capacity = self.maps.services.max_entries
+        if len(used) + len(checked) > capacity - 1:
+            raise KxlbError(f"service map full: {len(used)} of {capacity - 1} services used, "
+                            f"{len(checked)} more needed")
+        free = (i for i in range(1, capacity) if i not in used)
+        states = [ServiceState(k, next(free), 0, bs) for k, bs in checked.items()]
+        self._check_slot_capacity(sum(len(s.backends) for s in states))
+        slots = [(BackendKey(svc_id=s.svc_id, slot=i, gen=0), b.to_c())
+                 for s in states for i, b in enumerate(s.backends)]
+        entries = [(s.key.to_c(), SvcValue(svc_id=s.svc_id, count=len(s.backends), gen=0)) for s in states]
+        try:
+            self.maps.backends.put_many(slots)
+            self.maps.services.put_many(entries)
+        except OSError as exc:
+            for k, _ in entries:
+                self.maps.services.delete(k)
+            for k, _ in slots:
+                self.maps.backends.delete(k)
+            raise KxlbError(f"adding {len(states)} services failed: {exc}") from None
+        return states
+
     def set_backends(self, key: ServiceKey, backends: Iterable[Backend]) -> ServiceState:
         backends = validate_backends(key, backends)
         cur = self.maps.services.get(key.to_c())

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import ctypes
 import random
-import threading
+import subprocess
+import sys
 import time
 
 import pytest
@@ -286,33 +287,37 @@ def test_per_service_counters(hook, table):
     assert after.fwd_bytes - before.fwd_bytes == 2 * len(raw)
 
 
+FLIPPER = """
+import sys, time
+from kxlb.loader.layout import Backend, ServiceKey
+from kxlb.loader.maps import Maps
+from kxlb.loader.services import ServiceTable
+pin, seconds = sys.argv[1], float(sys.argv[2])
+sets = [[Backend(f"10.2.0.{i}", 9090) for i in range(1, 6)], [Backend(f"10.1.0.{i}", 8080) for i in (11, 12, 13)]]
+with Maps.open(pin) as maps:
+    table, flips, end = ServiceTable(maps), 0, time.monotonic() + seconds
+    print("go", flush=True)
+    while time.monotonic() < end:
+        table.set_backends(ServiceKey("10.96.0.10", 80, 6), sets[flips % 2])
+        flips += 1
+print(flips, flush=True)
+"""
+
+
 def test_backend_swap_never_exposes_a_half_written_service(hook, table):
-    """A writer flips the service between 3 and 5 backends as fast as it can while new
-    flows arrive: every packet must find a backend of one set or the other."""
-    set_a = BACKENDS
-    set_b = [Backend(f"10.2.0.{i}", 9090) for i in range(1, 6)]
-    allowed = {(b.addr, b.port) for b in set_a + set_b}
-    stop = threading.Event()
-    flips = 0
-
-    def writer():
-        nonlocal flips
-        while not stop.is_set():
-            table.set_backends(TCP_SVC, set_b if flips % 2 == 0 else set_a)
-            flips += 1
-
-    t = threading.Thread(target=writer)
-    t.start()
-    try:
-        deadline = time.monotonic() + 2.0
-        n = 0
-        while time.monotonic() < deadline:
-            verdict, out = hook.run(syn(sport=1024 + n % 60000, client=f"10.9.{n // 60000}.1"))
-            assert verdict == hook.passed
-            p = Ether(out)
-            assert (p[IP].dst, p[TCP].dport) in allowed
-            n += 1
-    finally:
-        stop.set()
-        t.join()
-    assert flips > 50 and n > 500
+    """Another process flips the service between 3 and 5 backends as fast as it can
+    while new flows arrive: every packet must find a backend of one set or the other."""
+    allowed = {(b.addr, b.port) for b in BACKENDS} | {(f"10.2.0.{i}", 9090) for i in range(1, 6)}
+    frames = [bytes(syn(sport=1024 + n % 60000, client=f"10.9.{n // 60000}.1")) for n in range(8000)]
+    writer = subprocess.Popen([sys.executable, "-c", FLIPPER, table.maps.pin_dir, "2"], stdout=subprocess.PIPE, text=True)
+    assert writer.stdout.readline().strip() == "go"
+    sent = 0
+    while writer.poll() is None and sent < len(frames):
+        verdict, out = hook.run(frames[sent])
+        assert verdict == hook.passed
+        p = Ether(out)
+        assert (p[IP].dst, p[TCP].dport) in allowed
+        sent += 1
+    flips = int(writer.stdout.read().split()[-1])
+    writer.wait()
+    assert flips > 50 and sent > 500, (flips, sent)
