@@ -49,8 +49,8 @@ def median_ns(fd: int, frames, calls: int) -> float:
 def run(calls: int, sizes=SIZES) -> list[dict]:
     from bcc import BPF
 
-    base = BPF(src_file=str(Path(__file__).with_name("passthrough.c")).encode())
-    base_fd = {"tc": base.load_func(b"pass_tc", BPF.SCHED_CLS).fd, "xdp": base.load_func(b"pass_xdp", BPF.XDP).fd}
+    ref = BPF(src_file=str(Path(__file__).with_name("reference.c")).encode())
+    base_fd = {"tc": ref.load_func(b"pass_tc", BPF.SCHED_CLS).fd, "xdp": ref.load_func(b"pass_xdp", BPF.XDP).fd}
     rows = []
     for n in sizes:
         pin = f"/sys/fs/bpf/{unique_tag()}"
@@ -78,6 +78,28 @@ def run(calls: int, sizes=SIZES) -> list[dict]:
     return rows
 
 
+def primitives(calls: int) -> dict[str, float]:
+    """ns of single kernel primitives (XDP, one packet per syscall), minus pass-through."""
+    from bcc import BPF
+
+    ref = BPF(src_file=str(Path(__file__).with_name("reference.c")).encode())
+    pkt = frame("10.0.0.1", 1, "10.0.0.2", 80)
+    base = median_ns(ref.load_func(b"pass_xdp", BPF.XDP).fd, lambda i: pkt, calls)
+    out = {}
+    for name, fn in (("helper call (clock)", b"prim_clock"), ("hash lookup + helper", b"prim_lookup"),
+                     ("hash insert, new key", b"prim_insert"), ("LRU insert, new key", b"prim_lru_insert")):
+        out[name] = median_ns(ref.load_func(fn, BPF.XDP).fd, lambda i: pkt, calls) - base
+    return out
+
+
+def machine_notes() -> str:
+    try:
+        srso = Path("/sys/devices/system/cpu/vulnerabilities/spec_rstack_overflow").read_text().strip()
+    except OSError:
+        srso = "unknown"
+    return f"kernel {os.uname().release}, {os.cpu_count()} CPUs, spec_rstack_overflow: {srso}"
+
+
 def table(rows: list[dict]) -> str:
     out = ["| services | hook | pass-through ns | established ns (-base) | new flow ns (-base) | est/base | new/base |",
            "|---:|---|---:|---:|---:|---:|---:|"]
@@ -96,10 +118,14 @@ def main() -> None:
     ap.add_argument("--json", help="also write the rows to this file")
     a = ap.parse_args()
     rows = run(a.calls, [int(s) for s in a.sizes.split(",")])
+    prims = primitives(a.calls)
     print(table(rows))
-    print(f"\nkernel {os.uname().release}, {os.cpu_count()} CPUs; median of {a.calls} packets per cell")
+    print("\nkernel primitives on this machine (ns over pass-through, same method):")
+    for name, ns in prims.items():
+        print(f"  {name:24} {ns:6.0f}")
+    print(f"\n{machine_notes()}; median of {a.calls} packets per cell")
     if a.json:
-        Path(a.json).write_text(json.dumps(rows, indent=1))
+        Path(a.json).write_text(json.dumps({"rows": rows, "primitives": prims, "machine": machine_notes()}, indent=1))
 
 
 if __name__ == "__main__":

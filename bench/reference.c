@@ -1,0 +1,46 @@
+/* Reference programs for bench/prog_run.py, run the same way in the same run:
+ * pass-through programs (the baseline of every ratio), and single kernel primitives
+ * the datapath is built from, so the table can be read against this machine's costs. */
+#include <uapi/linux/bpf.h>
+#include <uapi/linux/pkt_cls.h>
+
+BPF_HASH(ref_hash, u64, u64, 262144);
+BPF_TABLE("lru_hash", u64, u64, ref_lru, 262144);
+BPF_ARRAY(ref_next, u64, 1);
+
+int pass_tc(struct __sk_buff *skb) { return TC_ACT_OK; }
+int pass_xdp(struct xdp_md *ctx) { return XDP_PASS; }
+
+/* One helper call. */
+int prim_clock(struct xdp_md *ctx) { return bpf_ktime_get_ns() ? XDP_PASS : XDP_DROP; }
+
+/* One hash map lookup. */
+int prim_lookup(struct xdp_md *ctx)
+{
+	u64 k = 1;
+	return ref_hash.lookup(&k) ? XDP_PASS : XDP_DROP;
+}
+
+/* One hash map insert of a new key. */
+int prim_insert(struct xdp_md *ctx)
+{
+	int z = 0;
+	u64 *n = ref_next.lookup(&z);
+	if (!n)
+		return XDP_DROP;
+	u64 k = ++*n, v = 1;
+	ref_hash.update(&k, &v);
+	return XDP_PASS;
+}
+
+/* One LRU hash insert of a new key (conntrack's map type). */
+int prim_lru_insert(struct xdp_md *ctx)
+{
+	int z = 0;
+	u64 *n = ref_next.lookup(&z);
+	if (!n)
+		return XDP_DROP;
+	u64 k = ++*n, v = 1;
+	ref_lru.update(&k, &v);
+	return XDP_PASS;
+}
