@@ -76,6 +76,18 @@ static __always_inline int frag_follow(const struct pkt *p, struct nat_plan *n)
 	return LB_NAT;
 }
 
+/* Translate a packet of a tracked flow with its conntrack entry. */
+static __always_inline int ct_translate(const struct ct_key *k, struct ct_entry *e,
+					const struct pkt *p, __u64 now, struct nat_plan *n)
+{
+	ct_touch(k, e, p, now);
+	nat_plan_fill(n, p, k->dir == KXLB_CT_DIR_FWD, e->nat_addr, e->nat_port);
+	svc_account(e->svc_id, k->dir, p->len, 0);
+	stat_inc(k->dir == KXLB_CT_DIR_FWD ? KXLB_ST_CT_FWD : KXLB_ST_CT_REV);
+	frag_remember(p, n);
+	return LB_NAT;
+}
+
 static __always_inline int lb_process(void *data, void *data_end, __u32 len, struct nat_plan *n)
 {
 	struct pkt p = {};
@@ -116,14 +128,8 @@ static __always_inline int lb_process(void *data, void *data_end, __u32 len, str
 			   .dport = p.dport, .proto = p.proto, .dir = KXLB_CT_DIR_FWD};
 	e = ct_map.lookup(&k);
 	now = e ? bpf_ktime_get_ns() : 0; /* the clock only when an entry is there to judge */
-	if (e && ct_usable(e, &p, now)) {
-		ct_touch(&k, e, &p, now);
-		nat_plan_fill(n, &p, 1, e->nat_addr, e->nat_port);
-		svc_account(e->svc_id, KXLB_CT_DIR_FWD, len, 0);
-		stat_inc(KXLB_ST_CT_FWD);
-		frag_remember(&p, n);
-		return LB_NAT;
-	}
+	if (e && ct_usable(e, &p, now))
+		return ct_translate(&k, e, &p, now, n);
 
 	/* 2. New flow to a service. */
 	struct svc_key sk = {.vip = p.daddr, .port = p.dport, .proto = p.proto};
@@ -154,14 +160,8 @@ static __always_inline int lb_process(void *data, void *data_end, __u32 len, str
 	e = ct_map.lookup(&k);
 	if (e && !now)
 		now = bpf_ktime_get_ns();
-	if (e && e->expires_ns > now) {
-		ct_touch(&k, e, &p, now);
-		nat_plan_fill(n, &p, 0, e->nat_addr, e->nat_port);
-		svc_account(e->svc_id, KXLB_CT_DIR_REV, len, 0);
-		stat_inc(KXLB_ST_CT_REV);
-		frag_remember(&p, n);
-		return LB_NAT;
-	}
+	if (e && e->expires_ns > now)
+		return ct_translate(&k, e, &p, now, n);
 
 	stat_inc(KXLB_ST_PASS);
 	return LB_PASS;

@@ -137,6 +137,14 @@ def parse_proto(text: str, what: str) -> int:
     return proto
 
 
+def parse_addr_port(text: str, what: str, form: str) -> tuple[str, int]:
+    """'ADDR:PORT' -> (dotted quad, port); errors name ``what`` and the expected form."""
+    addr, colon, port = text.rpartition(":")
+    if not colon:
+        raise KxlbError(f"{what}: expected {form}")
+    return parse_ipv4(addr, what), parse_port(port, what)
+
+
 @dataclass(frozen=True, order=True)
 class ServiceKey:
     vip: str
@@ -146,14 +154,11 @@ class ServiceKey:
     @classmethod
     def parse(cls, text: str) -> "ServiceKey":
         """'VIP:PORT/PROTO' as on the command line."""
+        what, form = f"service {text!r}", "VIP:PORT/tcp|udp"
         addr, slash, proto = text.rpartition("/")
         if not slash:
-            raise KxlbError(f"service {text!r}: expected VIP:PORT/tcp|udp")
-        vip, colon, port = addr.rpartition(":")
-        if not colon:
-            raise KxlbError(f"service {text!r}: expected VIP:PORT/tcp|udp")
-        return cls(parse_ipv4(vip, f"service {text!r}"), parse_port(port, f"service {text!r}"),
-                   parse_proto(proto, f"service {text!r}"))
+            raise KxlbError(f"{what}: expected {form}")
+        return cls(*parse_addr_port(addr, what, form), parse_proto(proto, what))
 
     def to_c(self) -> SvcKey:
         return SvcKey(vip=ip_to_raw(self.vip), port=port_to_raw(self.port), proto=self.proto)
@@ -173,10 +178,7 @@ class Backend:
 
     @classmethod
     def parse(cls, text: str) -> "Backend":
-        addr, colon, port = text.rpartition(":")
-        if not colon:
-            raise KxlbError(f"backend {text!r}: expected ADDR:PORT")
-        return cls(parse_ipv4(addr, f"backend {text!r}"), parse_port(port, f"backend {text!r}"))
+        return cls(*parse_addr_port(text, f"backend {text!r}", "ADDR:PORT"))
 
     def to_c(self) -> BackendValue:
         return BackendValue(addr=ip_to_raw(self.addr), port=port_to_raw(self.port))
