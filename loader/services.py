@@ -46,6 +46,20 @@ class ServiceTable:
 
     def __init__(self, maps: Maps):
         self.maps = maps
+        # Read from the maps on first use, then kept up to date by our own writes, so a
+        # long-lived writer (the controller) never rescans the maps per change.
+        self._ids: set[int] | None = None
+        self._slots_used: int | None = None
+
+    def _used_ids(self) -> set[int]:
+        if self._ids is None:
+            self._ids = {v.svc_id for _, v in self.maps.services.items()}
+        return self._ids
+
+    def _slot_count(self) -> int:
+        if self._slots_used is None:
+            self._slots_used = len(self.maps.backends.items())
+        return self._slots_used
 
     # --- reading ------------------------------------------------------------------------
     def _slots_by_id(self) -> dict[tuple[int, int], dict[int, Backend]]:
@@ -76,14 +90,14 @@ class ServiceTable:
 
     # --- writing ------------------------------------------------------------------------
     def _free_svc_id(self) -> int:
-        used = {v.svc_id for _, v in self.maps.services.items()}
+        used = self._used_ids()
         capacity = self.maps.services.max_entries
         if len(used) >= capacity - 1:  # svc_id 0 is never used
             raise KxlbError(f"service map full: {len(used)} of {capacity - 1} services")
         return next(i for i in range(1, capacity) if i not in used)
 
     def _check_slot_capacity(self, adding: int) -> None:
-        used = len(self.maps.backends.items())
+        used = self._slot_count()
         if used + adding > self.maps.backends.max_entries:
             raise KxlbError(f"backend map full: {used} of {self.maps.backends.max_entries} slots used, "
                             f"{adding} more needed")
@@ -93,13 +107,16 @@ class ServiceTable:
         try:
             self.maps.backends.put_many(items)
         except OSError as exc:
-            self._delete_slots(svc_id, gen, len(items))
+            self._delete_slots(svc_id, gen, len(items), written=False)
             raise KxlbError(f"service {key}: writing backends failed: {exc}") from None
+        if self._slots_used is not None:
+            self._slots_used += len(items)
         return [k for k, _ in items]
 
-    def _delete_slots(self, svc_id: int, gen: int, count: int) -> None:
-        for i in range(count):
-            self.maps.backends.delete(BackendKey(svc_id=svc_id, slot=i, gen=gen))
+    def _delete_slots(self, svc_id: int, gen: int, count: int, written: bool = True) -> None:
+        gone = sum(self.maps.backends.delete(BackendKey(svc_id=svc_id, slot=i, gen=gen)) for i in range(count))
+        if written and self._slots_used is not None:
+            self._slots_used -= gone
 
     def add(self, key: ServiceKey, backends: Iterable[Backend]) -> ServiceState:
         backends = validate_backends(key, backends)
@@ -116,17 +133,17 @@ class ServiceTable:
         except OSError as exc:
             self._delete_slots(svc_id, 0, len(backends))
             raise KxlbError(f"service {key}: writing the service entry failed: {exc}") from None
+        self._used_ids().add(svc_id)
         return ServiceState(key, svc_id, 0, backends)
 
     def add_many(self, services: dict[ServiceKey, Iterable[Backend]]) -> list[ServiceState]:
         """Add many new services with two batch writes (all slots, then all entries):
         a full sync's path. Validates everything before writing anything."""
         checked = {k: validate_backends(k, bs) for k, bs in services.items()}
-        existing = {ServiceKey.from_c(k) for k, _ in self.maps.services.items()}
-        clash = next((k for k in checked if k in existing), None)
+        clash = next((k for k in checked if self.maps.services.get(k.to_c()) is not None), None)
         if clash is not None:
             raise KxlbError(f"service {clash} already exists")
-        used = {v.svc_id for _, v in self.maps.services.items()}
+        used = self._used_ids()
         capacity = self.maps.services.max_entries
         if len(used) + len(checked) > capacity - 1:
             raise KxlbError(f"service map full: {len(used)} of {capacity - 1} services used, "
@@ -146,6 +163,9 @@ class ServiceTable:
             for k, _ in slots:
                 self.maps.backends.delete(k)
             raise KxlbError(f"adding {len(states)} services failed: {exc}") from None
+        used.update(s.svc_id for s in states)
+        if self._slots_used is not None:
+            self._slots_used += len(slots)
         return states
 
     def set_backends(self, key: ServiceKey, backends: Iterable[Backend]) -> ServiceState:
@@ -175,6 +195,7 @@ class ServiceTable:
         # The entry first: from here no new flow can reach the slots.
         self.maps.services.delete(key.to_c())
         self._delete_slots(cur.svc_id, cur.gen, cur.count)
+        self._used_ids().discard(cur.svc_id)
 
     # --- counters -----------------------------------------------------------------------
     def counters(self, svc_id: int) -> SvcCounters:

@@ -1,0 +1,87 @@
+"""Raw API JSON (dicts, as listed and watched without the client's models) -> model.
+
+Every field is checked; a bad one raises DecodeError naming the object and the field,
+so the controller can skip that object, say why, and keep going.
+"""
+from __future__ import annotations
+
+import ipaddress
+
+from .model import Endpoint, EndpointSlice, Service, ServicePort, SlicePort
+
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+
+
+class DecodeError(ValueError):
+    def __init__(self, kind: str, obj_id: str, field: str, problem: str):
+        super().__init__(f"{kind} {obj_id}: {field}: {problem}")
+        self.kind, self.obj_id, self.field = kind, obj_id, field
+
+
+def _id(obj: dict) -> str:
+    md = obj.get("metadata") or {}
+    return f"{md.get('namespace', '')}/{md.get('name', '')}"
+
+
+def _port(value, kind: str, oid: str, field: str, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 65535:
+        raise DecodeError(kind, oid, field, f"port {value!r} is not in 1-65535")
+    return value
+
+
+def decode_service(obj: dict) -> Service:
+    oid = _id(obj)
+    spec = obj.get("spec") or {}
+    ips = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else [])
+    for i, ip in enumerate(ips):
+        if ip == "None" and i == 0:
+            continue
+        try:
+            ipaddress.ip_address(ip)
+        except (ValueError, TypeError):
+            raise DecodeError("Service", oid, f"spec.clusterIPs[{i}]", f"{ip!r} is not an IP address") from None
+    ports = []
+    for i, p in enumerate(spec.get("ports") or []):
+        ports.append(ServicePort(name=p.get("name") or "",
+                                 port=_port(p.get("port"), "Service", oid, f"spec.ports[{i}].port"),
+                                 protocol=p.get("protocol") or "TCP"))
+    return Service(namespace=obj["metadata"].get("namespace", ""), name=obj["metadata"]["name"],
+                   type=spec.get("type") or "ClusterIP", cluster_ips=tuple(ips), ports=tuple(ports))
+
+
+def decode_slice(obj: dict) -> EndpointSlice:
+    oid = _id(obj)
+    md = obj.get("metadata") or {}
+    service = (md.get("labels") or {}).get(SERVICE_NAME_LABEL)
+    if not service:
+        raise DecodeError("EndpointSlice", oid, f"metadata.labels[{SERVICE_NAME_LABEL}]", "missing")
+    atype = obj.get("addressType") or "IPv4"
+    endpoints = []
+    for i, ep in enumerate(obj.get("endpoints") or []):
+        addrs = ep.get("addresses") or []
+        if not addrs:
+            continue
+        if atype in ("IPv4", "IPv6"):
+            try:
+                ipaddress.ip_address(addrs[0])
+            except (ValueError, TypeError):
+                raise DecodeError("EndpointSlice", oid, f"endpoints[{i}].addresses[0]",
+                                  f"{addrs[0]!r} is not an IP address") from None
+        cond = ep.get("conditions") or {}
+        ready = cond.get("ready")
+        serving = cond.get("serving")
+        endpoints.append(Endpoint(
+            address=addrs[0],
+            ready=True if ready is None else bool(ready),          # absent = true (API docs)
+            serving=True if serving is None else bool(serving),        # as kube-proxy
+            terminating=bool(cond.get("terminating", False)),
+            node=ep.get("nodeName")))
+    ports = []
+    for i, p in enumerate(obj.get("ports") or []):
+        ports.append(SlicePort(name=p.get("name") or "",
+                               port=_port(p.get("port"), "EndpointSlice", oid, f"ports[{i}].port", optional=True),
+                               protocol=p.get("protocol") or "TCP"))
+    return EndpointSlice(namespace=md.get("namespace", ""), name=md["name"], service=service,
+                         address_type=atype, endpoints=tuple(endpoints), ports=tuple(ports))
