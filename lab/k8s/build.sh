@@ -93,7 +93,9 @@ if ! command -v "$GO" >/dev/null 2>&1; then
     exit 1
 fi
 export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
-export GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=mod"
+# go.mod/go.sum are complete (go mod tidy is a no-op): never let a build rewrite them.
+export GOFLAGS=-mod=readonly
+export GOWORK=off
 export CGO_ENABLED=0          # upstream builds these binaries static, too
 P="${KXLB_BUILD_P:-2}"
 

@@ -1,8 +1,12 @@
 """The lab control plane: up, a real API round trip with the official client, down.
 
 Needs root and the binaries of lab/k8s/build.sh. When the build cache is cold
-this test builds them first (tens of minutes on 2 cores); CI should run
-``lab/k8s/build.sh`` as its own step before pytest so this test takes ~1 min.
+the fixture builds them first (about 11 minutes on 2 cores, not counted in the
+tests' own timeouts); CI had better run ``lab/k8s/build.sh`` as a step of its
+own before pytest. With the binaries there the whole file takes ~15 s.
+
+Work directories are fixed paths (not tmp_path), so a run killed half-way is
+cleaned up by the next one: up() stops whatever carries its workdir's marker.
 """
 
 from __future__ import annotations
@@ -10,19 +14,23 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from kxlb.lab import controlplane as cpmod
-from kxlb.lab.controlplane import ControlPlane, Ports
+from kxlb.lab.controlplane import APISERVER, ControlPlane, ControlPlaneError, Ports
 
 # Own ports, interface and address, so the test never collides with a lab a developer runs.
 TEST_PORTS = Ports().shifted(1000)
 TEST_IFACE = "kxlb-apitst0"
 TEST_ADDR = "10.254.0.2"
+WORKDIRS = Path(tempfile.gettempdir()) / "kxlb-test-controlplane"
+BUILD_TIMEOUT = 3600
 
 
 def _import_client():
@@ -37,16 +45,24 @@ def _import_client():
 def bin_dir() -> Path:
     if os.geteuid() != 0:
         pytest.fail("this test must run as root")
-    return cpmod.ensure_binaries()
+    return cpmod.ensure_binaries(timeout=BUILD_TIMEOUT)
 
 
-# A cold build of the binaries happens inside this test when the cache is empty.
-@pytest.mark.timeout(3600)
-def test_controlplane_up_service_down(bin_dir: Path, tmp_path: Path) -> None:
+def _assert_gone(cp: ControlPlane, pids: list[int]) -> None:
+    for pid in pids:
+        assert not cpmod._alive(pid), f"pid {pid} still runs"
+    assert cpmod._marked_pids(cp.marker) == []
+    assert not Path(f"/sys/class/net/{cp.iface}").exists()
+
+
+# func_only: a cold build in the fixture is bounded by BUILD_TIMEOUT, not by this.
+@pytest.mark.timeout(300, func_only=True)
+def test_controlplane_up_service_down(bin_dir: Path) -> None:
     client, config = _import_client()
-    workdir = tmp_path / "cp"
+    workdir = WORKDIRS / "main"
     cp = ControlPlane(workdir, bin_dir, ports=TEST_PORTS, iface=TEST_IFACE, advertise_address=TEST_ADDR)
-    cp.down()  # nothing to do: must not fail
+    cp.down()  # nothing to do (or the leftovers of a killed run): must not fail
+    pids: list[int] = []
     try:
         t0 = time.monotonic()
         cp.up()
@@ -125,14 +141,40 @@ def test_controlplane_up_service_down(bin_dir: Path, tmp_path: Path) -> None:
     finally:
         cp.down()
 
-    for pid in pids:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        assert not cpmod._alive(pid), f"pid {pid} still runs"
-    assert cpmod._marked_pids(cp.marker) == []
-    assert not Path(f"/sys/class/net/{TEST_IFACE}").exists()
+    _assert_gone(cp, pids)
     st = cp.status()
     assert not st["up"] and not any(c["running"] for c in st["components"].values())
     cp.down()  # idempotent
+    cp.down(purge=True)
+    assert not workdir.exists()
+
+
+@pytest.mark.timeout(180, func_only=True)
+def test_start_failure_names_component_and_log(bin_dir: Path) -> None:
+    ports = TEST_PORTS.shifted(100)
+    workdir = WORKDIRS / "fail"
+    cp = ControlPlane(workdir, bin_dir, ports=ports, iface="kxlb-apitst1", advertise_address="10.254.0.3",
+                      extra_args={APISERVER: ["--no-such-flag"]})
+    try:
+        with pytest.raises(ControlPlaneError) as ei:
+            cp.up()
+        msg = str(ei.value)
+        assert "kube-apiserver exited" in msg, msg
+        assert str(cp.log_path(APISERVER)) in msg, msg
+        assert "no-such-flag" in msg, msg  # the log tail is in the message
+        # A failed up() stopped what it had started (etcd) and removed the interface.
+        _assert_gone(cp, [])
+
+        # A port taken by someone else: refused before anything starts, naming it.
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", ports.apiserver))
+            s.listen()
+            ok = ControlPlane(workdir, bin_dir, ports=ports, iface="kxlb-apitst1",
+                              advertise_address="10.254.0.3")
+            with pytest.raises(ControlPlaneError) as ei:
+                ok.up()
+            assert f"kube-apiserver: port 127.0.0.1:{ports.apiserver} is already in use" in str(ei.value)
+            _assert_gone(ok, [])
+    finally:
+        cp.down(purge=True)

@@ -1,0 +1,915 @@
+"""A throwaway Kubernetes control plane for the kxlb lab.
+
+Runs etcd, kube-apiserver, kube-controller-manager and kube-scheduler as plain
+processes on loopback (binaries from ``lab/k8s/build.sh``), with a fresh PKI and
+kubeconfigs in a work directory::
+
+    cp = ControlPlane("/var/lib/kxlb/lab")   # bin dir: lab/k8s/build.sh's cache
+    cp.up()                                  # blocks until every component is ready
+    cp.admin_kubeconfig                      # -> Path, for kubectl / the Python client
+    cp.status()                              # -> dict (JSON-able)
+    cp.down()                                # idempotent; also cleans up a crashed run
+
+Layout of the work directory::
+
+    state.json          config of the last up() (down()/status() from a new process read it)
+    pki/                CA, serving and client certs, service-account keypair,
+                        front-proxy (requestheader) CA and client cert
+    kubeconfig/         admin.kubeconfig, controller-manager.kubeconfig, scheduler.kubeconfig
+    etcd/               etcd data dir
+    logs/<component>.log
+    run/<component>.pid JSON: pid, process start time, argv
+
+kube-apiserver serves on 127.0.0.1 (``apiserver_bind_address`` can widen that to
+0.0.0.0 or the advertise address, e.g. for pods that reach it through the
+``kubernetes`` Service), but always advertises a non-loopback address (the
+``kubernetes`` Service's endpoint; loopback is not allowed there). That
+address lives on an interface of its own in the host netns (a dummy interface,
+or a port-less bridge where the kernel has no dummy driver): it is a local
+address only, nothing is sent anywhere through it.
+
+Every process is started in its own session (process group) with an environment
+marker ``KXLB_CONTROLPLANE=<workdir>``; ``down()`` kills the groups from the
+pidfiles *and* any process carrying the marker, so a run whose Python process
+crashed (or whose pidfiles were lost) is still cleaned up.
+
+Run as root (the interface). Needs the ``cryptography`` package and ``ip``
+(iproute2); nothing else outside the standard library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from . import pki
+
+HERE = Path(__file__).resolve().parent
+BUILD_SH = HERE / "k8s" / "build.sh"
+DEFAULT_WORKDIR = Path(os.environ.get("KXLB_LAB_DIR", "/var/lib/kxlb/lab"))
+MARKER_ENV = "KXLB_CONTROLPLANE"
+
+ETCD = "etcd"
+APISERVER = "kube-apiserver"
+CONTROLLER_MANAGER = "kube-controller-manager"
+SCHEDULER = "kube-scheduler"
+COMPONENTS = (ETCD, APISERVER, CONTROLLER_MANAGER, SCHEDULER)
+BINARIES = (*COMPONENTS, "kubectl", "kube-proxy")
+
+# Environment variables never passed on: nothing of ours should talk through a proxy.
+_PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "no_proxy",
+               "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
+
+
+class ControlPlaneError(RuntimeError):
+    """Start-up, readiness or teardown failure; the message names the component and log."""
+
+
+@dataclass
+class Ports:
+    """Loopback ports. Defaults sit below the ephemeral range (32768+) and the
+    NodePort range (30000-32767), away from the well-known Kubernetes ports."""
+
+    etcd_client: int = 16379
+    etcd_peer: int = 16380
+    apiserver: int = 16443
+    controller_manager: int = 16457
+    scheduler: int = 16459
+
+    def shifted(self, by: int) -> "Ports":
+        return Ports(**{k: v + by for k, v in asdict(self).items()})
+
+    def by_component(self) -> dict[str, list[int]]:
+        return {
+            ETCD: [self.etcd_client, self.etcd_peer],
+            APISERVER: [self.apiserver],
+            CONTROLLER_MANAGER: [self.controller_manager],
+            SCHEDULER: [self.scheduler],
+        }
+
+
+@dataclass
+class Timeouts:
+    etcd: float = 60
+    apiserver: float = 180
+    controllers: float = 120   # controller-manager and scheduler healthz
+    default_sa: float = 120    # the default ServiceAccount (pods can't be created before it)
+    stop_grace: float = 15     # SIGTERM -> SIGKILL
+
+
+# ----------------------------------------------------------------------------- binaries
+
+def default_bin_dir() -> Path:
+    """Where ``lab/k8s/build.sh`` puts (or would put) the binaries; no build.
+
+    ``$KXLB_K8S_BIN_DIR`` overrides it.
+    """
+    env = os.environ.get("KXLB_K8S_BIN_DIR")
+    if env:
+        return Path(env)
+    if not BUILD_SH.exists():
+        raise ControlPlaneError(f"{BUILD_SH} not found; pass bin_dir or set KXLB_K8S_BIN_DIR")
+    out = subprocess.run(["bash", str(BUILD_SH), "--print-bin-dir"], check=True,
+                         capture_output=True, text=True).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
+def ensure_binaries(*, timeout: Optional[float] = None,
+                    log: Optional[Callable[[str], None]] = None) -> Path:
+    """Run ``lab/k8s/build.sh`` and return the bin dir. A no-op when the cache is
+    warm; a cold build takes about 11 minutes on 2 cores. Build output goes to
+    stderr. On *timeout* the whole build (its process group) is killed."""
+    env = os.environ.get("KXLB_K8S_BIN_DIR")
+    if env:
+        return Path(env)
+    if log:
+        log(f"running {BUILD_SH}")
+    p = subprocess.Popen(["bash", str(BUILD_SH)], stdout=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise ControlPlaneError(f"{BUILD_SH} did not finish within {timeout:.0f}s; killed")
+    except BaseException:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        raise
+    if p.returncode != 0:
+        raise ControlPlaneError(f"{BUILD_SH} failed with exit code {p.returncode} (its output is above)")
+    return Path(out.strip().splitlines()[-1])
+
+
+def missing_binaries(bin_dir: Path) -> list[str]:
+    return [b for b in COMPONENTS if not os.access(Path(bin_dir) / b, os.X_OK)]
+
+
+# ----------------------------------------------------------------------------- /proc helpers
+
+def _proc_stat(pid: int) -> Optional[tuple[str, int]]:
+    """(state, start time in clock ticks) of *pid*, or None if it does not exist."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    rest = data[data.rfind(b")") + 2:].split()
+    return rest[0].decode(), int(rest[19])
+
+
+def _alive(pid: int, start: Optional[int] = None) -> bool:
+    """True if *pid* runs and (given *start*) is the process that started then.
+    Zombies count as dead, and are reaped here when they are our children."""
+    st = _proc_stat(pid)
+    if st is None or (start is not None and st[1] != start):
+        return False
+    if st[0] in ("Z", "X"):
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except OSError:
+            pass
+        return False
+    return True
+
+
+def _marked_pids(marker: str) -> list[int]:
+    """Live processes whose environment holds ``KXLB_CONTROLPLANE=<marker>``."""
+    return sorted(p for p, w in _all_marked().items() if w == marker)
+
+
+def _all_marked() -> dict[int, str]:
+    """Every live process carrying a ``KXLB_CONTROLPLANE`` marker: pid -> workdir."""
+    key = f"{MARKER_ENV}=".encode()
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        for var in env.split(b"\0"):
+            if var.startswith(key) and _alive(int(name)):
+                out[int(name)] = var[len(key):].decode(errors="replace")
+    return out
+
+
+def _exe_name(pid: int) -> str:
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        return "?"
+
+
+def _port_busy(port: int, host: str = "127.0.0.1") -> bool:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+    except OSError:
+        return True
+    finally:
+        s.close()
+    return False
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        data = Path(path).read_bytes()[-16384:].decode(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(data.splitlines()[-lines:])
+
+
+# ----------------------------------------------------------------------------- kubeconfig
+
+def _kubeconfig_text(server: str, ca_pem: bytes, user: str, cert_pem: bytes, key_pem: bytes,
+                     cluster: str = "kxlb") -> str:
+    import base64
+
+    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+    ctx = f"{user}@{cluster}"
+    # JSON string literals are valid YAML scalars: no quoting surprises.
+    q = json.dumps
+    return (
+        "apiVersion: v1\n"
+        "kind: Config\n"
+        "clusters:\n"
+        f"- name: {q(cluster)}\n"
+        "  cluster:\n"
+        f"    server: {q(server)}\n"
+        f"    certificate-authority-data: {b64(ca_pem)}\n"
+        "users:\n"
+        f"- name: {q(user)}\n"
+        "  user:\n"
+        f"    client-certificate-data: {b64(cert_pem)}\n"
+        f"    client-key-data: {b64(key_pem)}\n"
+        "contexts:\n"
+        f"- name: {q(ctx)}\n"
+        "  context:\n"
+        f"    cluster: {q(cluster)}\n"
+        f"    user: {q(user)}\n"
+        f"current-context: {q(ctx)}\n"
+    )
+
+
+# ----------------------------------------------------------------------------- the control plane
+
+class ControlPlane:
+    """etcd + kube-apiserver + kube-controller-manager + kube-scheduler on loopback.
+
+    All arguments but *workdir* have lab defaults; two instances can run side by
+    side with different workdirs, ``ports`` (see :meth:`Ports.shifted`),
+    ``iface`` and ``advertise_address``.
+    """
+
+    def __init__(
+        self,
+        workdir: os.PathLike | str = DEFAULT_WORKDIR,
+        bin_dir: os.PathLike | str | None = None,
+        *,
+        ports: Optional[Ports] = None,
+        advertise_address: str = "10.254.0.1",
+        apiserver_bind_address: str = "127.0.0.1",
+        iface: str = "kxlb-apisrv0",
+        service_cidr: str = "10.96.0.0/16",
+        node_port_range: Optional[str] = None,
+        cluster_name: str = "kxlb",
+        controllers: str = "*,-nodeipam",
+        extra_args: Optional[dict[str, list[str]]] = None,
+        timeouts: Optional[Timeouts] = None,
+        verbosity: int = 1,
+        log: Optional[Callable[[str], None]] = None,
+    ) -> None:
+        self.workdir = Path(workdir).resolve()
+        self._bin_dir = Path(bin_dir) if bin_dir is not None else None
+        self.ports = ports or Ports()
+        self.advertise_address = advertise_address
+        self.apiserver_bind_address = apiserver_bind_address
+        self.iface = iface
+        self.service_cidr = service_cidr
+        self.node_port_range = node_port_range
+        self.cluster_name = cluster_name
+        self.controllers = controllers
+        self.extra_args = extra_args or {}
+        self.timeouts = timeouts or Timeouts()
+        self.verbosity = verbosity
+        self._log = log or (lambda msg: print(f"controlplane: {msg}", file=sys.stderr, flush=True))
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._ssl: Optional[ssl.SSLContext] = None
+        self._iface_made = False
+
+        net = ipaddress.ip_network(service_cidr)
+        self.kubernetes_service_ip = str(net.network_address + 1)
+        adv = ipaddress.ip_address(advertise_address)
+        if adv.is_loopback or adv.is_link_local or adv.is_unspecified:
+            raise ValueError(f"advertise_address {advertise_address} must not be loopback/link-local")
+        if apiserver_bind_address not in ("127.0.0.1", "0.0.0.0", advertise_address):
+            raise ValueError("apiserver_bind_address must be 127.0.0.1, 0.0.0.0 or the advertise address")
+        if len(iface) > 15:
+            raise ValueError(f"interface name {iface!r} is longer than 15 characters")
+
+    # ---- paths -----------------------------------------------------------------------------
+
+    @property
+    def bin_dir(self) -> Path:
+        if self._bin_dir is None:
+            self._bin_dir = default_bin_dir()
+        return self._bin_dir
+
+    pki_dir = property(lambda self: self.workdir / "pki")
+    kubeconfig_dir = property(lambda self: self.workdir / "kubeconfig")
+    logs_dir = property(lambda self: self.workdir / "logs")
+    run_dir = property(lambda self: self.workdir / "run")
+    etcd_dir = property(lambda self: self.workdir / "etcd")
+    state_file = property(lambda self: self.workdir / "state.json")
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.kubeconfig_dir / "admin.kubeconfig"
+
+    @property
+    def server(self) -> str:
+        """The URL clients on this host use."""
+        return f"https://{self._apiserver_host}:{self.ports.apiserver}"
+
+    @property
+    def _apiserver_host(self) -> str:
+        b = self.apiserver_bind_address
+        return "127.0.0.1" if b == "0.0.0.0" else b
+
+    @property
+    def etcd_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.etcd_client}"
+
+    def log_path(self, component: str) -> Path:
+        return self.logs_dir / f"{component}.log"
+
+    def _pidfile(self, component: str) -> Path:
+        return self.run_dir / f"{component}.pid"
+
+    @property
+    def marker(self) -> str:
+        return str(self.workdir)
+
+    # ---- public API --------------------------------------------------------------------------
+
+    @classmethod
+    def from_workdir(cls, workdir: os.PathLike | str = DEFAULT_WORKDIR, **kw) -> "ControlPlane":
+        """An instance configured as the last ``up()`` in *workdir* (for down/status from a CLI)."""
+        workdir = Path(workdir).resolve()
+        try:
+            st = json.loads((workdir / "state.json").read_text())
+        except (OSError, ValueError):
+            return cls(workdir, **kw)
+        args = dict(
+            bin_dir=st.get("bin_dir"),
+            ports=Ports(**st["ports"]) if "ports" in st else None,
+            advertise_address=st.get("advertise_address", "10.254.0.1"),
+            apiserver_bind_address=st.get("apiserver_bind_address", "127.0.0.1"),
+            iface=st.get("iface", "kxlb-apisrv0"),
+            service_cidr=st.get("service_cidr", "10.96.0.0/16"),
+            node_port_range=st.get("node_port_range"),
+            cluster_name=st.get("cluster_name", "kxlb"),
+            controllers=st.get("controllers", "*,-nodeipam"),
+        )
+        args.update(kw)
+        return cls(workdir, **args)
+
+    def up(self, *, keep_on_failure: bool = False) -> "ControlPlane":
+        """Start everything and wait until it is ready. A no-op when the control
+        plane of this workdir already runs and is healthy. Otherwise leftovers of
+        an earlier run are killed and a fresh cluster (new PKI, empty etcd) starts.
+
+        On failure everything started is stopped again (unless *keep_on_failure*)
+        and :class:`ControlPlaneError` is raised; the logs stay in ``logs/``.
+        """
+        if os.geteuid() != 0:
+            raise ControlPlaneError("the lab control plane needs root (it creates a network interface)")
+        missing = missing_binaries(self.bin_dir)
+        if missing:
+            raise ControlPlaneError(
+                f"missing binaries in {self.bin_dir}: {', '.join(missing)}; build them with {BUILD_SH}")
+        if self.state_file.exists() and self.is_up():
+            self._log(f"already up ({self.server}, workdir {self.workdir})")
+            return self
+        self._stop_processes()
+
+        for comp, ports in self.ports.by_component().items():
+            host = self.apiserver_bind_address if comp == APISERVER else "127.0.0.1"
+            for port in ports:
+                if _port_busy(port, host):
+                    others = _all_marked()
+                    hint = ""
+                    if others:
+                        hint = "; kxlb control planes running: " + ", ".join(
+                            f"pid {p} ({_exe_name(p)}) of workdir {w}" for p, w in sorted(others.items()))
+                    raise ControlPlaneError(
+                        f"{comp}: port {host}:{port} is already in use by another process "
+                        f"(see `ss -ltnp 'sport = :{port}'`){hint}; stop it or choose other ports")
+
+        t0 = time.monotonic()
+        for d in (self.pki_dir, self.kubeconfig_dir, self.etcd_dir, self.run_dir):
+            shutil.rmtree(d, ignore_errors=True)
+        for d in (self.workdir, self.pki_dir, self.kubeconfig_dir, self.logs_dir, self.run_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self.etcd_dir.mkdir(mode=0o700)
+        self._write_state()
+        try:
+            self._make_pki()
+            self._iface_up()
+            self._start(ETCD)
+            self._wait(ETCD, self._probe_etcd, self.timeouts.etcd)
+            self._start(APISERVER)
+            self._wait(APISERVER, self._probe_apiserver,
+                       self.timeouts.apiserver)
+            self._start(CONTROLLER_MANAGER)
+            self._start(SCHEDULER)
+            self._wait(CONTROLLER_MANAGER,
+                       lambda: self._probe_https(self.ports.controller_manager, "/healthz"),
+                       self.timeouts.controllers)
+            self._wait(SCHEDULER, lambda: self._probe_https(self.ports.scheduler, "/healthz"),
+                       self.timeouts.controllers)
+            self._wait(CONTROLLER_MANAGER, self._probe_default_sa, self.timeouts.default_sa,
+                       what="the default ServiceAccount (created by the serviceaccount controller)")
+        except BaseException:
+            if not keep_on_failure:
+                try:
+                    self._stop_processes()
+                    self._iface_down()
+                except Exception as e:  # keep the original error
+                    self._log(f"cleanup after failed start-up failed too: {e}")
+            raise
+        self._log(f"up in {time.monotonic() - t0:.1f}s: {self.server}, kubeconfig {self.admin_kubeconfig}")
+        return self
+
+    def down(self, *, purge: bool = False) -> None:
+        """Stop every process of this workdir's control plane and remove its
+        interface. Idempotent; works from a fresh process and after a crash.
+        *purge* also deletes the work directory."""
+        self._stop_processes()
+        self._iface_down()
+        for comp in COMPONENTS:
+            self._pidfile(comp).unlink(missing_ok=True)
+        if purge:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def is_up(self) -> bool:
+        st = self.status(probe=True)
+        return st["up"]
+
+    def status(self, *, probe: bool = True) -> dict:
+        """JSON-able status: per component pid/running/healthy/log, iface, paths."""
+        comps = {}
+        for comp in COMPONENTS:
+            info = self._read_pidfile(comp)
+            running = bool(info) and _alive(info["pid"], info.get("start"))
+            healthy = None
+            if probe and running:
+                ok, _ = self._probe(comp)
+                healthy = ok
+            comps[comp] = {
+                "pid": info["pid"] if running else None,
+                "running": running,
+                "healthy": healthy,
+                "log": str(self.log_path(comp)),
+            }
+        leftovers = [p for p in _marked_pids(self.marker)
+                     if p not in {c["pid"] for c in comps.values()}]
+        return {
+            "up": all(c["running"] and (c["healthy"] or not probe) for c in comps.values()),
+            "workdir": str(self.workdir),
+            "bin_dir": str(self._bin_dir) if self._bin_dir else None,
+            "server": self.server,
+            "admin_kubeconfig": str(self.admin_kubeconfig),
+            "kubeconfigs": {p.stem: str(p) for p in sorted(self.kubeconfig_dir.glob("*.kubeconfig"))},
+            "advertise_address": self.advertise_address,
+            "iface": {"name": self.iface, "present": Path(f"/sys/class/net/{self.iface}").exists()},
+            "service_cidr": self.service_cidr,
+            "kubernetes_service_ip": self.kubernetes_service_ip,
+            "ports": asdict(self.ports),
+            "components": comps,
+            "stray_pids": leftovers,
+        }
+
+    def pids(self) -> list[int]:
+        """Every live process of this control plane (pidfiles and marker)."""
+        pids = set(_marked_pids(self.marker))
+        for comp in COMPONENTS:
+            info = self._read_pidfile(comp)
+            if info and _alive(info["pid"], info.get("start")):
+                pids.add(info["pid"])
+        return sorted(pids)
+
+    # ---- state -------------------------------------------------------------------------------
+
+    def _write_state(self) -> None:
+        st = {
+            "bin_dir": str(self.bin_dir),
+            "ports": asdict(self.ports),
+            "advertise_address": self.advertise_address,
+            "apiserver_bind_address": self.apiserver_bind_address,
+            "iface": self.iface,
+            "service_cidr": self.service_cidr,
+            "node_port_range": self.node_port_range,
+            "cluster_name": self.cluster_name,
+            "controllers": self.controllers,
+            "created": time.time(),
+        }
+        pki.write_public(self.state_file, (json.dumps(st, indent=2) + "\n").encode())
+
+    def _read_pidfile(self, comp: str) -> Optional[dict]:
+        try:
+            info = json.loads(self._pidfile(comp).read_text())
+            int(info["pid"])
+            return info
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    # ---- PKI and kubeconfigs -------------------------------------------------------------------
+
+    def _make_pki(self) -> None:
+        d = self.pki_dir
+        ca = pki.make_ca(f"{self.cluster_name}-lab-ca")
+        pki.save(ca, d, "ca")
+        names = [
+            "127.0.0.1", "localhost", self.kubernetes_service_ip, self.advertise_address,
+            "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ]
+        pki.save(pki.issue(ca, "kube-apiserver", server_names=names, server=True), d, "apiserver")
+        pki.save(pki.issue(ca, "kube-apiserver-kubelet-client", orgs=["system:masters"], client=True),
+                 d, "apiserver-kubelet-client")
+        local = ["127.0.0.1", "localhost"]
+        pki.save(pki.issue(ca, "kube-controller-manager", server_names=local, server=True),
+                 d, "controller-manager-serving")
+        pki.save(pki.issue(ca, "kube-scheduler", server_names=local, server=True), d, "scheduler-serving")
+
+        # Front-proxy (requestheader) CA: without it the controller-manager and the
+        # scheduler log an error every few seconds, and aggregated APIs cannot work.
+        fp = pki.make_ca(f"{self.cluster_name}-lab-front-proxy-ca")
+        pki.save(fp, d, "front-proxy-ca")
+        pki.save(pki.issue(fp, "front-proxy-client", client=True), d, "front-proxy-client")
+
+        sa = pki.new_key()
+        pki.write_private(d / "sa.key", pki.key_pem(sa))
+        pki.write_public(d / "sa.pub", pki.public_pem(sa))
+
+        users = {
+            "admin": pki.issue(ca, "kubernetes-admin", orgs=["system:masters"], client=True),
+            "controller-manager": pki.issue(ca, "system:kube-controller-manager", client=True),
+            "scheduler": pki.issue(ca, "system:kube-scheduler", client=True),
+            # For running upstream kube-proxy against the lab, for comparison.
+            "kube-proxy": pki.issue(ca, "system:kube-proxy", orgs=["system:node-proxier"], client=True),
+        }
+        for user, ck in users.items():
+            pki.save(ck, d, f"{user}-client")
+            text = _kubeconfig_text(self.server, ca.cert_pem, user, ck.cert_pem, ck.key_pem,
+                                    self.cluster_name)
+            pki.write_private(self.kubeconfig_dir / f"{user}.kubeconfig", text.encode())
+        self._ssl = None
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """TLS context trusting the lab CA and presenting the admin client cert."""
+        if self._ssl is None:
+            ctx = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
+            ctx.load_cert_chain(str(self.pki_dir / "admin-client.crt"), str(self.pki_dir / "admin-client.key"))
+            self._ssl = ctx
+        return self._ssl
+
+    # ---- interface -----------------------------------------------------------------------------
+
+    def _ip(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        ip = shutil.which("ip") or "/usr/sbin/ip"
+        p = subprocess.run([ip, *args], capture_output=True, text=True)
+        if check and p.returncode != 0:
+            raise ControlPlaneError(f"`ip {' '.join(args)}` failed: {p.stderr.strip()}")
+        return p
+
+    def _iface_up(self) -> None:
+        name = self.iface
+        self._iface_made = True
+        if not Path(f"/sys/class/net/{name}").exists():
+            p = self._ip("link", "add", name, "type", "dummy", check=False)
+            if p.returncode != 0:
+                # Kernels built without CONFIG_DUMMY: a bridge with no ports is as inert.
+                self._ip("link", "add", name, "type", "bridge")
+                self._log(f"no dummy driver ({p.stderr.strip()}); {name} is a port-less bridge")
+        v6 = Path(f"/proc/sys/net/ipv6/conf/{name}/disable_ipv6")
+        if v6.exists():
+            v6.write_text("1\n")
+        self._ip("addr", "flush", "dev", name)
+        self._ip("addr", "add", f"{self.advertise_address}/32", "dev", name)
+        self._ip("link", "set", name, "up")
+
+    def _iface_down(self) -> None:
+        # Only a workdir with a state file can have made the interface (the state is
+        # written before it): a down() on some other, empty workdir must not remove
+        # the interface of a lab that runs elsewhere under the same name.
+        if not (self.state_file.exists() or self._iface_made):
+            return
+        if Path(f"/sys/class/net/{self.iface}").exists():
+            self._ip("link", "del", self.iface)
+
+    # ---- processes ---------------------------------------------------------------------------
+
+    def _argv(self, comp: str) -> list[str]:
+        b = str(self.bin_dir / comp)
+        d = self.pki_dir
+        k = self.kubeconfig_dir
+        p = self.ports
+        v = f"--v={self.verbosity}"
+        if comp == ETCD:
+            peer = f"http://127.0.0.1:{p.etcd_peer}"
+            argv = [
+                b, "--name=kxlb-lab", f"--data-dir={self.etcd_dir}",
+                f"--listen-client-urls={self.etcd_url}", f"--advertise-client-urls={self.etcd_url}",
+                f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=kxlb-lab={peer}", "--initial-cluster-state=new",
+                "--initial-cluster-token=kxlb-lab",
+                # A throwaway store: durability buys nothing, fsync latency slows the apiserver.
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ]
+        elif comp == APISERVER:
+            argv = [
+                b,
+                f"--advertise-address={self.advertise_address}",
+                f"--bind-address={self.apiserver_bind_address}", f"--secure-port={p.apiserver}",
+                f"--etcd-servers={self.etcd_url}",
+                f"--client-ca-file={d / 'ca.crt'}",
+                f"--tls-cert-file={d / 'apiserver.crt'}", f"--tls-private-key-file={d / 'apiserver.key'}",
+                f"--kubelet-client-certificate={d / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={d / 'apiserver-kubelet-client.key'}",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                "--allow-privileged=true",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={d / 'sa.pub'}",
+                f"--service-account-signing-key-file={d / 'sa.key'}",
+                f"--service-cluster-ip-range={self.service_cidr}",
+                f"--requestheader-client-ca-file={d / 'front-proxy-ca.crt'}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={d / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={d / 'front-proxy-client.key'}",
+                f"--cert-dir={d / 'apiserver-generated'}",
+                "--profiling=false",
+                v,
+            ]
+            if self.node_port_range:
+                argv.append(f"--service-node-port-range={self.node_port_range}")
+        elif comp == CONTROLLER_MANAGER:
+            kc = k / "controller-manager.kubeconfig"
+            argv = [
+                b,
+                f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
+                "--bind-address=127.0.0.1", f"--secure-port={p.controller_manager}",
+                f"--tls-cert-file={d / 'controller-manager-serving.crt'}",
+                f"--tls-private-key-file={d / 'controller-manager-serving.key'}",
+                f"--client-ca-file={d / 'ca.crt'}",
+                f"--root-ca-file={d / 'ca.crt'}",
+                f"--service-account-private-key-file={d / 'sa.key'}",
+                "--use-service-account-credentials=true",
+                f"--cluster-signing-cert-file={d / 'ca.crt'}",
+                f"--cluster-signing-key-file={d / 'ca.key'}",
+                f"--controllers={self.controllers}",
+                f"--service-cluster-ip-range={self.service_cidr}",
+                f"--cluster-name={self.cluster_name}",
+                # Default is /usr/libexec/kubernetes/..., which it would create on the host.
+                f"--flex-volume-plugin-dir={self.workdir / 'flexvolume'}",
+                "--leader-elect=false",
+                "--profiling=false",
+                v,
+            ]
+        elif comp == SCHEDULER:
+            kc = k / "scheduler.kubeconfig"
+            argv = [
+                b,
+                f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
+                "--bind-address=127.0.0.1", f"--secure-port={p.scheduler}",
+                f"--tls-cert-file={d / 'scheduler-serving.crt'}",
+                f"--tls-private-key-file={d / 'scheduler-serving.key'}",
+                f"--client-ca-file={d / 'ca.crt'}",
+                "--leader-elect=false",
+                "--profiling=false",
+                v,
+            ]
+        else:
+            raise KeyError(comp)
+        return argv + list(self.extra_args.get(comp, []))
+
+    def _start(self, comp: str) -> None:
+        argv = self._argv(comp)
+        env = {k: v for k, v in os.environ.items() if k not in _PROXY_VARS and k != "KUBECONFIG"}
+        env[MARKER_ENV] = self.marker
+        logf = open(self.log_path(comp), "wb")
+        try:
+            logf.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%S%z')} {' '.join(argv)}\n".encode())
+            logf.flush()
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                    cwd=self.workdir, env=env, start_new_session=True, close_fds=True)
+        except OSError as e:
+            raise ControlPlaneError(f"{comp}: cannot start {argv[0]}: {e}") from e
+        finally:
+            logf.close()
+        self._procs[comp] = proc
+        st = _proc_stat(proc.pid)
+        info = {"pid": proc.pid, "start": st[1] if st else None, "argv": argv}
+        pki.write_public(self._pidfile(comp), (json.dumps(info) + "\n").encode())
+        self._log(f"started {comp} (pid {proc.pid}), log {self.log_path(comp)}")
+
+    def _wait(self, comp: str, probe: Callable[[], tuple[bool, str]], timeout: float,
+              what: Optional[str] = None) -> None:
+        what = what or comp
+        deadline = time.monotonic() + timeout
+        t0 = time.monotonic()
+        detail = "not probed yet"
+        while True:
+            proc = self._procs.get(comp)
+            if proc is not None and proc.poll() is not None:
+                raise ControlPlaneError(
+                    f"{comp} exited with code {proc.returncode} while waiting for {what}; "
+                    f"log: {self.log_path(comp)}\n--- last lines ---\n{_tail(self.log_path(comp))}")
+            ok, detail = probe()
+            if ok:
+                self._log(f"{what} ready after {time.monotonic() - t0:.1f}s")
+                return
+            if time.monotonic() >= deadline:
+                raise ControlPlaneError(
+                    f"{what} not ready after {timeout:g}s (last check: {detail}); "
+                    f"log: {self.log_path(comp)}\n--- last lines ---\n{_tail(self.log_path(comp))}")
+            time.sleep(0.5)
+
+    def _stop_processes(self) -> None:
+        """Stop every process of this workdir: SIGTERM to its process group, SIGKILL
+        after the grace time. In dependency order (scheduler and controller-manager,
+        then kube-apiserver, then etcd): an apiserver whose etcd is gone hangs in
+        its shutdown hooks. Processes found by the marker only go by their binary name."""
+        targets: dict[int, tuple[str, Optional[int]]] = {}
+        for comp in COMPONENTS:
+            info = self._read_pidfile(comp)
+            if info and _alive(info["pid"], info.get("start")):
+                targets[info["pid"]] = (comp, info.get("start"))
+        for pid in _marked_pids(self.marker):
+            if pid not in targets:
+                targets[pid] = (_exe_name(pid), None)
+        if not targets:
+            self._reap()
+            return
+        self._log("stopping " + ", ".join(f"{c} (pid {p})" for p, (c, _) in sorted(targets.items())))
+        order = {SCHEDULER: 0, CONTROLLER_MANAGER: 0, APISERVER: 1, ETCD: 2}
+        for phase in sorted(set(order.get(c, 3) for c, _ in targets.values())):
+            group = {p: s for p, (c, s) in targets.items() if order.get(c, 3) == phase}
+            self._stop_group(group)
+        # Anything that appeared meanwhile (forked by one of them, or a racing start).
+        for _ in range(3):
+            stray = _marked_pids(self.marker)
+            if not stray:
+                break
+            self._stop_group({p: None for p in stray})
+        stray = _marked_pids(self.marker)
+        if stray:
+            raise ControlPlaneError(f"processes {stray} of {self.workdir} survive SIGKILL")
+
+    def _stop_group(self, group: dict[int, Optional[int]]) -> None:
+        def signal_all(sig: int) -> None:
+            for pid, start in group.items():
+                if not _alive(pid, start):
+                    continue
+                try:
+                    if os.getpgid(pid) == pid:
+                        os.killpg(pid, sig)  # the group: anything it forked goes too
+                    else:
+                        os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+
+        def wait_gone(timeout: float) -> list[int]:
+            deadline = time.monotonic() + timeout
+            while True:
+                self._reap()
+                left = [p for p, s in group.items() if _alive(p, s)]
+                if not left or time.monotonic() >= deadline:
+                    return left
+                time.sleep(0.05)
+
+        signal_all(signal.SIGTERM)
+        left = wait_gone(self.timeouts.stop_grace)
+        if left:
+            self._log(f"pids {left} ignored SIGTERM for {self.timeouts.stop_grace:.0f}s; SIGKILL")
+            signal_all(signal.SIGKILL)
+            left = wait_gone(10)
+        if left:
+            raise ControlPlaneError(f"processes {left} of {self.workdir} survive SIGKILL")
+
+    def _reap(self) -> None:
+        for comp, proc in list(self._procs.items()):
+            if proc.poll() is not None:
+                del self._procs[comp]
+
+    # ---- probes --------------------------------------------------------------------------------
+
+    def _probe(self, comp: str) -> tuple[bool, str]:
+        if comp == ETCD:
+            return self._probe_etcd()
+        if comp == APISERVER:
+            return self._probe_apiserver()
+        port = {CONTROLLER_MANAGER: (self.ports.controller_manager, "/healthz"),
+                SCHEDULER: (self.ports.scheduler, "/healthz")}[comp]
+        return self._probe_https(*port)
+
+    @staticmethod
+    def _opener(ctx: Optional[ssl.SSLContext] = None) -> urllib.request.OpenerDirector:
+        handlers: list = [urllib.request.ProxyHandler({})]  # never a proxy, whatever the env says
+        if ctx is not None:
+            handlers.append(urllib.request.HTTPSHandler(context=ctx))
+        return urllib.request.build_opener(*handlers)
+
+    def _get(self, url: str, ctx: Optional[ssl.SSLContext] = None) -> tuple[int, str]:
+        try:
+            with self._opener(ctx).open(url, timeout=5) as r:
+                return r.status, r.read(16384).decode(errors="replace")
+        except urllib.error.HTTPError as e:
+            return e.code, e.read(16384).decode(errors="replace")
+
+    def _probe_etcd(self) -> tuple[bool, str]:
+        try:
+            code, body = self._get(f"{self.etcd_url}/health")
+        except (OSError, urllib.error.URLError) as e:
+            return False, str(e)
+        try:
+            ok = code == 200 and json.loads(body).get("health") == "true"
+        except ValueError:
+            ok = False
+        return ok, f"HTTP {code}: {body.strip()[:200]}"
+
+    def _probe_https(self, port: int, path: str, host: str = "127.0.0.1") -> tuple[bool, str]:
+        try:
+            code, body = self._get(f"https://{host}:{port}{path}", self.ssl_context())
+        except (OSError, urllib.error.URLError, ssl.SSLError) as e:
+            return False, str(e)
+        if code == 200:
+            return True, "ok"
+        # /readyz and /healthz list their checks; name only the failing ones.
+        failed = [ln[3:].strip() for ln in body.splitlines() if ln.startswith("[-]")]
+        return False, f"HTTP {code}: " + ("failing: " + "; ".join(failed) if failed else body.strip()[:300])
+
+    def _probe_apiserver(self) -> tuple[bool, str]:
+        return self._probe_https(self.ports.apiserver, "/readyz?verbose", self._apiserver_host)
+
+    def _probe_default_sa(self) -> tuple[bool, str]:
+        return self._probe_https(self.ports.apiserver, "/api/v1/namespaces/default/serviceaccounts/default",
+                                 self._apiserver_host)
+
+
+# ----------------------------------------------------------------------------- manual CLI
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kxlb.lab.controlplane",
+                                 description="lab Kubernetes control plane on loopback")
+    ap.add_argument("command", choices=["up", "down", "status"])
+    ap.add_argument("--workdir", default=str(DEFAULT_WORKDIR))
+    ap.add_argument("--bin-dir", default=None, help="default: lab/k8s/build.sh's cache dir")
+    ap.add_argument("--build", action="store_true", help="up: run lab/k8s/build.sh first")
+    ap.add_argument("--purge", action="store_true", help="down: also delete the workdir")
+    args = ap.parse_args(argv)
+    try:
+        if args.command == "up":
+            bin_dir = args.bin_dir or (ensure_binaries() if args.build else None)
+            cp = ControlPlane(args.workdir, bin_dir)
+            cp.up()
+            print(json.dumps(cp.status(), indent=2))
+            print(f"\nexport KUBECONFIG={cp.admin_kubeconfig}", file=sys.stderr)
+        elif args.command == "down":
+            ControlPlane.from_workdir(args.workdir).down(purge=args.purge)
+        else:
+            st = ControlPlane.from_workdir(args.workdir).status()
+            print(json.dumps(st, indent=2))
+            return 0 if st["up"] else 3
+    except ControlPlaneError as e:
+        print(f"controlplane: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
