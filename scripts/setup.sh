@@ -50,7 +50,7 @@ fi
 # is made from that interpreter. It stays isolated from Debian's dist-packages except
 # for bcc itself, which is linked in.
 stamp="$VENV/.kxlb-setup-stamp"
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   [ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv "$VENV"
   site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -61,3 +61,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   log "venv ready: $VENV"
 fi
 "$VENV/bin/python" -c 'import bcc, pyroute2, scapy' || { echo "setup: venv import check failed" >&2; exit 1; }
+
+# --- 5. Kubernetes lab binaries ------------------------------------------------------------
+# Built once from Go modules into a version-keyed cache outside the checkout (about 11
+# minutes cold on 2 cores; instant afterwards). See lab/k8s/build.sh.
+if [ "${KXLB_SKIP_K8S:-}" != 1 ]; then
+  bash lab/k8s/build.sh >/dev/null
+fi
