@@ -93,6 +93,22 @@ struct frag_value {
 	__u8   pad[3];
 };
 
+/* sock_rev: socket-level translation (sock.c) of host processes. Which VIP:port a
+ * socket addressed before its connect/sendmsg went to a backend, so replies and
+ * getpeername() show the VIP. */
+struct sock_rev_key {
+	__u64  cookie;     /* bpf_get_socket_cookie() */
+	__be32 addr;       /* backend */
+	__be16 port;
+	__u16  pad;
+};
+
+struct sock_rev_value {
+	__be32 vip;
+	__be16 port;
+	__u16  pad;
+};
+
 /* svc_stats value (per CPU, index svc_id). */
 struct svc_counters {
 	__u64 fwd_packets;
@@ -122,6 +138,8 @@ BPF_TABLE_PINNED("percpu_array", __u32, struct svc_counters, svc_stats,
 		 KXLB_MAX_SERVICES, KXLB_PIN_DIR "/svc_stats");
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, dp_stats,
 		 KXLB_ST_MAX, KXLB_PIN_DIR "/dp_stats");
+BPF_TABLE_PINNED("lru_hash", struct sock_rev_key, struct sock_rev_value, sock_rev,
+		 KXLB_CT_ENTRIES, KXLB_PIN_DIR "/sock_rev");
 #endif /* KXLB_DATAPATH */
 
 #endif

@@ -109,27 +109,31 @@ def endpoints_for_port(port: ServicePort, slices: list[EndpointSlice]) -> tuple[
     return tuple(sorted(ready, key=lambda b: (ipaddress.IPv4Address(b.addr), b.port)))
 
 
+def service_entries(svc: Service, slices: list[EndpointSlice], out: Desired) -> None:
+    """Add one Service's map entries (every IPv4 cluster IP x every port) to ``out``."""
+    if svc.type == "ExternalName" or svc.headless:
+        return
+    ips = [ip for ip in svc.cluster_ips if _is_ipv4(ip)]
+    if not ips:
+        return  # IPv6-only: the IPv6 proxy's business
+    for port in svc.ports:
+        proto = PROTOS.get(port.protocol.lower())
+        if proto is None:
+            out.skipped.append(f"Service {svc.id}: spec.ports[{port.name or port.port}].protocol "
+                               f"{port.protocol} is not supported (TCP, UDP)")
+            continue
+        backends = endpoints_for_port(port, slices)
+        for ip in ips:
+            key = ServiceKey(ip, port.port, proto)
+            out.services[key] = backends
+            out.owners[key] = f"{svc.id}:{port.name or port.port}"
+
+
 def desired_state(services: dict[str, Service], slices: dict[str, EndpointSlice]) -> Desired:
     by_service: dict[str, list[EndpointSlice]] = {}
     for s in slices.values():
         by_service.setdefault(s.service_id, []).append(s)
     out = Desired()
     for svc in services.values():
-        if svc.type == "ExternalName" or svc.headless:
-            continue
-        ips = [ip for ip in svc.cluster_ips if _is_ipv4(ip)]
-        if not ips:
-            continue  # IPv6-only: the IPv6 proxy's business
-        mine = by_service.get(svc.id, [])
-        for port in svc.ports:
-            proto = PROTOS.get(port.protocol.lower())
-            if proto is None:
-                out.skipped.append(f"Service {svc.id}: spec.ports[{port.name or port.port}].protocol "
-                                   f"{port.protocol} is not supported (TCP, UDP)")
-                continue
-            backends = endpoints_for_port(port, mine)
-            for ip in ips:
-                key = ServiceKey(ip, port.port, proto)
-                out.services[key] = backends
-                out.owners[key] = f"{svc.id}:{port.name or port.port}"
+        service_entries(svc, by_service.get(svc.id, []), out)
     return out

@@ -7,6 +7,7 @@ maps themselves with that record and rewrites whatever was altered behind our ba
 from __future__ import annotations
 
 import logging
+import socket
 from dataclasses import dataclass, field
 
 from kxlb.loader.errors import KxlbError
@@ -15,6 +16,7 @@ from kxlb.loader.maps import Maps
 from kxlb.loader.services import ServiceState, ServiceTable
 
 log = logging.getLogger("kxlb.controller")
+UDP = socket.IPPROTO_UDP
 
 
 @dataclass
@@ -23,6 +25,7 @@ class ApplyResult:
     updated: int = 0
     deleted: int = 0
     failed: list[str] = field(default_factory=list)
+    udp_removed: dict[ServiceKey, set[Backend]] = field(default_factory=dict)  # flows to flush
 
     @property
     def changed(self) -> int:
@@ -35,26 +38,35 @@ class Programmer:
         self.current: dict[ServiceKey, ServiceState] = self.table.read_all()
 
     def apply(self, desired: dict[ServiceKey, tuple[Backend, ...]],
-              owners: dict[ServiceKey, str] | None = None) -> ApplyResult:
+              owners: dict[ServiceKey, str] | None = None,
+              scope: set[ServiceKey] | None = None) -> ApplyResult:
+        """Make the maps hold ``desired``. With ``scope``, only those keys are looked at
+        (an incremental sync: the keys of the services that changed); without, every key
+        (a full sync: anything in the maps and not desired goes)."""
         owners = owners or {}
         res = ApplyResult()
+        keys = scope if scope is not None else set(self.current) | set(desired)
         # Deletions first: they free room for what comes next.
-        for key in [k for k in self.current if k not in desired]:
+        for key in [k for k in keys if k in self.current and k not in desired]:
             try:
                 self.table.delete(key)
                 res.deleted += 1
+                if key.proto == UDP:
+                    res.udp_removed[key] = set(self.current[key].backends)
             except KxlbError as exc:
                 res.failed.append(str(exc))
             self.current.pop(key, None)
-        for key, backends in desired.items():
-            cur = self.current.get(key)
-            if cur is not None and cur.backends != backends:
+        for key in keys:
+            cur, backends = self.current.get(key), desired.get(key)
+            if cur is not None and backends is not None and cur.backends != backends:
                 try:
                     self.current[key] = self.table.set_backends(key, backends)
                     res.updated += 1
+                    if key.proto == UDP:
+                        res.udp_removed[key] = set(cur.backends) - set(backends)
                 except KxlbError as exc:
                     res.failed.append(f"{owners.get(key, key)}: {exc}")
-        new = {k: b for k, b in desired.items() if k not in self.current}
+        new = {k: desired[k] for k in keys if k in desired and k not in self.current}
         if new:
             try:
                 states = self.table.add_many(new)
@@ -99,6 +111,5 @@ class Programmer:
             log.warning("drift: %s is in the maps but not in the cluster; removing", key)
             self.table.delete(key)
             repaired.append(key)
-        # Drop our cached capacity figures: hand edits may have changed them.
-        self.table._ids = self.table._slots_used = None
+        self.table.forget_counts()  # hand edits may have changed them
         return repaired

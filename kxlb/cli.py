@@ -184,8 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _extensions():
     """Sub-commands living in other packages (demo, lab)."""
+    from kxlb.controller import main as controller
     from kxlb.lab import standalone
-    return [standalone.register]
+    return [controller.register, standalone.register]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,6 +58,12 @@ def _netlink_error(exc: Exception, what: str) -> KxlbError:
     return KxlbError(f"{what}: {exc}{hint}")
 
 
+def list_links(ns: str | None) -> list[str]:
+    """Names of the interfaces in a network namespace."""
+    with _ipr(ns) as ipr:
+        return [link.get_attr("IFLA_IFNAME") for link in ipr.get_links()]
+
+
 def attach_tc(ns: str | None, iface: str, prog_fd: int) -> None:
     with _ipr(ns) as ipr:
         idx = _ifindex(ipr, iface, ns)

@@ -65,23 +65,28 @@ class Datapath:
     xdp_fd: int
 
 
-def compile_datapath(pin_dir: str, extra_cflags: list[str] | None = None) -> Datapath:
-    """Compile and load both programs; their maps are created at (or reused from)
-    ``pin_dir`` in bpffs."""
+def compile_source(source: Path, pin_dir: str, extra_cflags: list[str] | None = None):
+    """Compile one program file with BCC; its maps are created at (or reused from)
+    ``pin_dir`` in bpffs. Returns the bcc.BPF module."""
     from bcc import BPF  # imported late: bcc is a system module, needed only here
 
-    text = inline_source(MAIN_SOURCE)
+    text = inline_source(source)
     cflags = [f'-DKXLB_PIN_DIR="{pin_dir}"', "-Wno-unused-function"] + (extra_cflags or [])
     os.makedirs(pin_dir, exist_ok=True)
     with _captured_stderr() as diagnostics:
         try:
-            bpf = BPF(text=text.encode(), cflags=cflags)
-            failed = None
+            return BPF(text=text.encode(), cflags=cflags)
         except Exception as exc:  # bcc raises a bare Exception; clang wrote to fd 2
             failed = exc
-    if failed is not None:
-        errors = [line for line in diagnostics if "error:" in line]
-        raise KxlbError(f"compiling {MAIN_SOURCE} failed: {'; '.join(errors[:3]) or failed}") from None
+    errors = [line for line in diagnostics if "error:" in line]
+    raise KxlbError(f"compiling {source} failed: {'; '.join(errors[:3]) or failed}") from None
+
+
+def compile_datapath(pin_dir: str, extra_cflags: list[str] | None = None) -> Datapath:
+    """Compile and load the tc and XDP programs (maps pinned in ``pin_dir``)."""
+    from bcc import BPF
+
+    bpf = compile_source(MAIN_SOURCE, pin_dir, extra_cflags)
     try:
         tc = bpf.load_func(b"kxlb_tc", BPF.SCHED_CLS)
         xdp = bpf.load_func(b"kxlb_xdp", BPF.XDP)

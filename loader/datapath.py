@@ -6,7 +6,7 @@ import shutil
 
 from . import attach
 from .attach import Attachment, Registry
-from .compile import compile_datapath
+from .compile import Datapath, compile_datapath
 from .errors import KxlbError
 from .maps import PIN_NAMES
 
@@ -42,21 +42,23 @@ def load(ifaces: list[str], ns: str | None = None, xdp_mode: str | None = None,
     from .netns import netns_path
     netns_path(ns)  # fail on a missing namespace before compiling
     dp = compile_datapath(pin_dir)
+    return [attach_one(dp, iface, ns, xdp_mode, pin_dir) for iface in ifaces]
+
+
+def attach_one(dp: Datapath, iface: str, ns: str | None, xdp_mode: str | None, pin_dir: str) -> Attachment:
+    """Attach an already compiled datapath on one interface and record it."""
+    if xdp_mode:
+        attach.attach_xdp(ns, iface, dp.xdp_fd, xdp_mode)
+        attach.detach_tc(ns, iface)
+        a = Attachment(iface=iface, netns=ns, hook="xdp", mode=xdp_mode)
+    else:
+        attach.attach_tc(ns, iface, dp.tc_fd)
+        if attach.xdp_attached(ns, iface):
+            attach.detach_xdp(ns, iface)
+        a = Attachment(iface=iface, netns=ns, hook="tc")
     reg = Registry(pin_dir)
-    done = []
-    for iface in ifaces:
-        if xdp_mode:
-            attach.attach_xdp(ns, iface, dp.xdp_fd, xdp_mode)
-            attach.detach_tc(ns, iface)
-            a = Attachment(iface=iface, netns=ns, hook="xdp", mode=xdp_mode)
-        else:
-            attach.attach_tc(ns, iface, dp.tc_fd)
-            if attach.xdp_attached(ns, iface):
-                attach.detach_xdp(ns, iface)
-            a = Attachment(iface=iface, netns=ns, hook="tc")
-        reg.save([x for x in reg.load() if (x.iface, x.netns) != (iface, ns)] + [a])
-        done.append(a)
-    return done
+    reg.save([x for x in reg.load() if (x.iface, x.netns) != (iface, ns)] + [a])
+    return a
 
 
 def _detach(a: Attachment, missing_ok: bool) -> None:

@@ -74,6 +74,14 @@ class FragValue(ctypes.Structure):
     _fields_ = [("new_addr", u32), ("dir", u8), ("pad", u8 * 3)]
 
 
+class SockRevKey(ctypes.Structure):
+    _fields_ = [("cookie", u64), ("addr", u32), ("port", u16), ("pad", u16)]
+
+
+class SockRevValue(ctypes.Structure):
+    _fields_ = [("vip", u32), ("port", u16), ("pad", u16)]
+
+
 class SvcCounters(ctypes.Structure):
     _fields_ = [("fwd_packets", u64), ("fwd_bytes", u64), ("rev_packets", u64),
                 ("rev_bytes", u64), ("new_flows", u64)]
@@ -82,7 +90,7 @@ class SvcCounters(ctypes.Structure):
 MIRRORS: dict[str, type[ctypes.Structure]] = {
     "svc_key": SvcKey, "svc_value": SvcValue, "backend_key": BackendKey, "backend": BackendValue,
     "ct_key": CtKey, "ct_entry": CtEntry, "frag_key": FragKey, "frag_value": FragValue,
-    "svc_counters": SvcCounters,
+    "sock_rev_key": SockRevKey, "sock_rev_value": SockRevValue, "svc_counters": SvcCounters,
 }
 """C struct name -> ctypes mirror; the layout test walks this table."""
 

@@ -190,4 +190,4 @@ class Maps:
         self.close()
 
 
-PIN_NAMES = ("services", "backends", "conntrack", "frags", "svc_stats", "dp_stats")
+PIN_NAMES = ("services", "backends", "conntrack", "frags", "svc_stats", "dp_stats", "sock_rev")

@@ -51,6 +51,10 @@ class ServiceTable:
         self._ids: set[int] | None = None
         self._slots_used: int | None = None
 
+    def forget_counts(self) -> None:
+        """Re-read ids and slot usage from the maps on next use."""
+        self._ids = self._slots_used = None
+
     def _used_ids(self) -> set[int]:
         if self._ids is None:
             self._ids = {v.svc_id for _, v in self.maps.services.items()}

@@ -11,6 +11,7 @@ import pytest
 
 from kxlb.loader import attach
 from kxlb.loader.compile import compile_datapath
+from kxlb.loader.maps import PIN_NAMES
 
 VIP = "10.96.0.10"
 
@@ -117,7 +118,7 @@ def test_load_twice_duplicates_nothing_and_unload_removes_every_trace(netlab):
         r = kxlb(pin, *args)
         assert r.returncode == 0, r.stderr
     assert len(tc_filters(netlab.node, netlab.client_iface)) == 1
-    assert sorted(os.listdir(pin)) == sorted(["services", "backends", "conntrack", "frags", "svc_stats", "dp_stats"])
+    assert sorted(os.listdir(pin)) == sorted(PIN_NAMES)
     # Switching the same interface to XDP removes the tc program.
     assert kxlb(pin, "load", "--netns", netlab.node, "--iface", netlab.client_iface, "--xdp").returncode == 0
     assert tc_filters(netlab.node, netlab.client_iface) == []

@@ -1,0 +1,251 @@
+"""The controller's runtime: informers feed a change tracker; a rate-limited sync
+runner turns the changed services into map writes (kube-proxy's pkg/proxy shape).
+
+Threads: one per informer (they only record changes), one sync loop (the only writer
+of the maps), the metrics HTTP server, and the interface attacher.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from kxlb.loader.layout import C, CtKey, ip_to_raw, port_to_raw, raw_to_ip, raw_to_port
+from kxlb.loader.maps import Maps
+
+from .decode import DecodeError, decode_service, decode_slice
+from .informer import DELETED, Informer, WatchTiming
+from .metrics import Metrics
+from .model import Desired, EndpointSlice, Service, service_entries
+from .programmer import ApplyResult, Programmer
+
+log = logging.getLogger("kxlb.controller")
+
+# kube-proxy's selector: services (and their slices, which inherit the labels) that
+# another proxy implements, and headless ones, are not ours.
+PROXY_SELECTOR = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
+TRIGGER_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
+
+
+@dataclass
+class ControllerConfig:
+    node_name: str
+    min_sync_period: float = 0.0     # seconds between two syncs at least (kube-proxy: 1 s)
+    reconcile_period: float = 30.0   # full resync + drift repair (kube-proxy syncPeriod: 30 s)
+    timing: WatchTiming | None = None
+
+
+class Controller:
+    def __init__(self, api_client, maps: Maps, config: ControllerConfig, metrics: Metrics | None = None,
+                 events=None):
+        from kubernetes import client as k8s
+
+        self.maps, self.config = maps, config
+        self.metrics = metrics or Metrics()
+        self.events = events  # EventRecorder or None
+        self.programmer = Programmer(maps)
+        self._lock = threading.Lock()
+        self.services: dict[str, Service] = {}
+        self.slices_by_service: dict[str, dict[str, EndpointSlice]] = {}
+        self._slice_service: dict[str, str] = {}
+        self.fragments: dict[str, Desired] = {}
+        self._dirty: set[str] = set()
+        self._triggers: dict[str, float] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.syncs = 0
+        core, disc = k8s.CoreV1Api(api_client), k8s.DiscoveryV1Api(api_client)
+        restart = lambda res, reason: self.metrics.watch_restarts.labels(res, reason).inc()  # noqa: E731
+        self.informers = [
+            Informer("services", core.list_service_for_all_namespaces, self._on_service,
+                     {"label_selector": PROXY_SELECTOR}, config.timing, restart),
+            Informer("endpointslices", disc.list_endpoint_slice_for_all_namespaces, self._on_slice,
+                     {"label_selector": PROXY_SELECTOR}, config.timing, restart),
+            Informer("nodes", core.list_node, self._on_node,
+                     {"field_selector": f"metadata.name={config.node_name}"}, config.timing, restart),
+        ]
+        for cap_map in ("services", "backends", "conntrack"):
+            self.metrics.map_capacity.labels(cap_map).set(getattr(maps, cap_map).max_entries)
+
+    # --- change tracking (informer threads) ------------------------------------------------
+    def _on_service(self, typ: str, key: str, obj: dict) -> None:
+        self.metrics.service_changes.inc()
+        with self._lock:
+            if typ == DELETED:
+                self.services.pop(key, None)
+            else:
+                try:
+                    self.services[key] = decode_service(obj)
+                except DecodeError as exc:
+                    self._skip(exc, obj)
+                    return  # the last good version (if any) stays programmed
+            self._dirty.add(key)
+        self._wake.set()
+
+    def _on_slice(self, typ: str, key: str, obj: dict) -> None:
+        self.metrics.endpoint_changes.inc()
+        with self._lock:
+            old_svc = self._slice_service.pop(key, None)
+            if typ != DELETED:
+                try:
+                    s = decode_slice(obj)
+                except DecodeError as exc:
+                    self._skip(exc, obj)
+                    if old_svc:
+                        self._slice_service[key] = old_svc
+                    return
+            if old_svc:
+                self.slices_by_service.get(old_svc, {}).pop(key, None)
+                self._dirty.add(old_svc)
+            if typ != DELETED:
+                self.slices_by_service.setdefault(s.service_id, {})[key] = s
+                self._slice_service[key] = s.service_id
+                self._dirty.add(s.service_id)
+                trig = _trigger_time(obj)
+                if trig is not None:
+                    self._triggers[s.service_id] = min(trig, self._triggers.get(s.service_id, trig))
+        self._wake.set()
+
+    def _on_node(self, typ: str, key: str, obj: dict) -> None:
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        log.debug("node %s %s (zone %s)", key, typ.lower(), labels.get("topology.kubernetes.io/zone"))
+
+    def _skip(self, exc: DecodeError, obj: dict) -> None:
+        log.error("skipping %s", exc)
+        self.metrics.objects_skipped.labels(exc.kind).inc()
+        if self.events:
+            self.events.warn(exc.kind, obj, "KxlbInvalidObject", str(exc))
+
+    # --- sync loop -------------------------------------------------------------------------
+    def start(self) -> "Controller":
+        for inf in self.informers:
+            inf.start()
+        self._thread = threading.Thread(target=self._loop, name="sync", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        for inf in self.informers:
+            inf.stop()
+        if getattr(self, "_thread", None):
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if all(inf.synced.is_set() for inf in self.informers[:2]):
+                break
+            self._stop.wait(0.05)
+        if self._stop.is_set():
+            return
+        # Nothing is programmed until Services and EndpointSlices have both synced once;
+        # then one full sync against what the pinned maps already hold (adoption).
+        self.sync(full=True)
+        self.metrics.ready.set()
+        last = time.monotonic()
+        next_reconcile = last + self.config.reconcile_period
+        while not self._stop.is_set():
+            self._wake.wait(max(0.0, next_reconcile - time.monotonic()))
+            if self._stop.is_set():
+                return
+            if self._wake.is_set():
+                wait = last + self.config.min_sync_period - time.monotonic()
+                if wait > 0:
+                    self._stop.wait(wait)  # coalesce what arrives meanwhile
+                self._wake.clear()
+                self.sync(full=False)
+                last = time.monotonic()
+            if time.monotonic() >= next_reconcile:
+                self.reconcile()
+                next_reconcile = time.monotonic() + self.config.reconcile_period
+
+    def sync(self, full: bool) -> ApplyResult:
+        t0 = time.perf_counter()
+        with self._lock:
+            ids = (set(self.services) | set(self.fragments)) if full else self._dirty
+            self._dirty = set()
+            work = [(sid, self.services.get(sid), list(self.slices_by_service.get(sid, {}).values())) for sid in ids]
+            triggers = [self._triggers.pop(sid) for sid in ids if sid in self._triggers]
+        desired: dict = {}
+        owners: dict = {}
+        scope: set = set()
+        for sid, svc, slices in work:
+            frag = Desired()
+            if svc is not None:
+                service_entries(svc, slices, frag)
+            old = self.fragments.get(sid)
+            scope |= set(frag.services) | (set(old.services) if old else set())
+            desired.update(frag.services)
+            owners.update(frag.owners)
+            for reason in frag.skipped:
+                log.warning("skipping %s", reason)
+                self.metrics.objects_skipped.labels("ServicePort").inc()
+            if svc is None:
+                self.fragments.pop(sid, None)
+            else:
+                self.fragments[sid] = frag
+        res = self.programmer.apply(desired, owners, scope=None if full else scope)
+        for msg in res.failed:
+            log.error("not programmed: %s", msg)
+            self.metrics.objects_skipped.labels("MapWrite").inc()
+        if res.udp_removed:
+            flushed = flush_udp_flows(self.maps, res.udp_removed)
+            self.metrics.udp_flows_flushed.inc(flushed)
+        elapsed = time.perf_counter() - t0
+        self.metrics.sync_duration.observe(elapsed)
+        (self.metrics.sync_full_duration if full else self.metrics.sync_partial_duration).observe(elapsed)
+        self.metrics.last_sync.set(time.time())
+        now = time.time()
+        for t in triggers:
+            self.metrics.network_programming.observe(max(0.0, now - t))
+        cur = self.programmer.current
+        self.metrics.services_programmed.set(len(cur))
+        self.metrics.endpoints_programmed.set(sum(len(s.backends) for s in cur.values()))
+        self.syncs += 1
+        if res.changed:
+            log.info("%s sync: %d added, %d updated, %d deleted in %.1f ms", "full" if full else "partial",
+                     res.added, res.updated, res.deleted, elapsed * 1000)
+        return res
+
+    def reconcile(self) -> None:
+        """Periodic: a full sync from the caches, then repair of what was changed in the
+        maps behind our back."""
+        self.sync(full=True)
+        repaired = self.programmer.reconcile()
+        if repaired:
+            self.metrics.drift_repaired.inc(len(repaired))
+        self.metrics.map_entries.labels("services").set(len(self.programmer.current))
+        self.metrics.map_entries.labels("backends").set(len(self.maps.backends.items()))
+        self.metrics.map_entries.labels("conntrack").set(len(self.maps.conntrack.items()))
+
+
+def _trigger_time(obj: dict) -> float | None:
+    ann = ((obj.get("metadata") or {}).get("annotations") or {}).get(TRIGGER_ANNOTATION)
+    if not ann:
+        return None
+    try:
+        return dt.datetime.fromisoformat(ann.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def flush_udp_flows(maps: Maps, removed: dict) -> int:
+    """Delete conntrack entries of UDP flows to backends that left their service (as
+    kube-proxy does), so clients such as DNS resolvers do not keep sending into the
+    void. Returns the number of entries deleted."""
+    gone = {(ip_to_raw(k.vip), port_to_raw(k.port), ip_to_raw(b.addr), port_to_raw(b.port))
+            for k, backends in removed.items() for b in backends}
+    deleted = 0
+    for k, e in maps.conntrack.items():
+        if k.proto != 17 or k.dir != C["CT_DIR_FWD"]:
+            continue
+        if (k.daddr, k.dport, e.nat_addr, e.nat_port) not in gone:
+            continue
+        rev = CtKey(saddr=e.nat_addr, daddr=k.saddr, sport=e.nat_port, dport=k.sport, proto=17, dir=C["CT_DIR_REV"])
+        deleted += maps.conntrack.delete(k) + maps.conntrack.delete(rev)
+        log.info("flushed UDP flow %s:%d -> %s:%d (backend %s:%d removed)", raw_to_ip(k.saddr), raw_to_port(k.sport),
+                 raw_to_ip(k.daddr), raw_to_port(k.dport), raw_to_ip(e.nat_addr), raw_to_port(e.nat_port))
+    return deleted

@@ -1,0 +1,147 @@
+"""`kxlb controller`: watch the cluster and keep this node's datapath in sync."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import signal
+import threading
+
+from kxlb.loader.errors import KxlbError
+from kxlb.loader.maps import Maps
+
+from .metrics import Metrics, serve
+
+log = logging.getLogger("kxlb.controller")
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"ts": dt.datetime.fromtimestamp(record.created, dt.timezone.utc).isoformat(timespec="milliseconds"),
+               "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage()}
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if fmt == "json" else
+                         logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.getLogger("urllib3").setLevel(logging.WARNING)
+
+
+class EventRecorder:
+    """Kubernetes Events about objects we had to skip; at most one per object version."""
+
+    def __init__(self, api_client, node_name: str):
+        from kubernetes import client as k8s
+
+        self.core, self.node = k8s.CoreV1Api(api_client), node_name
+        self._seen: set[tuple] = set()
+
+    def warn(self, kind: str, obj: dict, reason: str, message: str) -> None:
+        md = obj.get("metadata") or {}
+        ident = (kind, md.get("namespace"), md.get("name"), md.get("resourceVersion"))
+        if ident in self._seen:
+            return
+        self._seen.add(ident)
+        now = dt.datetime.now(dt.timezone.utc)
+        body = {"metadata": {"generateName": f"{md.get('name', 'object')}.", "namespace": md.get("namespace") or "default"},
+                "involvedObject": {"kind": kind, "namespace": md.get("namespace"), "name": md.get("name"),
+                                   "uid": md.get("uid"), "resourceVersion": md.get("resourceVersion")},
+                "reason": reason, "message": message[:1000], "type": "Warning",
+                "source": {"component": "kxlb", "host": self.node},
+                "firstTimestamp": now.isoformat(), "lastTimestamp": now.isoformat(), "count": 1}
+        try:
+            self.core.create_namespaced_event(body["metadata"]["namespace"], body)
+        except Exception as exc:  # events are best effort
+            log.debug("event not recorded: %s", exc)
+
+
+def api_client(kubeconfig: str | None):
+    from kubernetes import client as k8s, config
+
+    if kubeconfig or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        cfg = k8s.Configuration()
+        try:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        except Exception as exc:
+            raise KxlbError(f"cannot load kubeconfig {kubeconfig or '~/.kube/config'}: {exc}") from None
+    else:
+        cfg = k8s.Configuration()
+        config.load_incluster_config(client_configuration=cfg)
+    return k8s.ApiClient(cfg)
+
+
+def run(a) -> None:
+    from .attacher import InterfaceAttacher
+    from .controller import Controller, ControllerConfig
+
+    setup_logging(a.log_level, a.log_format)
+    attacher = sock = None
+    if a.iface:
+        from kxlb.loader.compile import compile_datapath
+        from kxlb.loader.datapath import require_bpffs, require_root
+        from kxlb.loader.netns import netns_path
+
+        require_root("kxlb controller --iface")
+        require_bpffs(a.pin_dir)
+        netns_path(a.netns)
+        dp = compile_datapath(a.pin_dir)
+        attacher = InterfaceAttacher(dp, a.netns, a.iface, a.xdp_mode if a.xdp else None, a.pin_dir).start()
+    if a.cgroup:
+        from kxlb.loader.socklb import attach_socket_lb
+
+        sock = attach_socket_lb(a.pin_dir, a.cgroup)
+        log.info("socket-level load balancing attached to cgroup %s", a.cgroup)
+    maps = Maps.open(a.pin_dir)
+    client = api_client(a.kubeconfig)
+    metrics = Metrics()
+    host, _, port = a.metrics_bind_address.rpartition(":")
+    server = serve(metrics, host or "127.0.0.1", int(port))
+    ctl = Controller(client, maps, ControllerConfig(node_name=a.node_name, min_sync_period=a.min_sync_period,
+                                                    reconcile_period=a.reconcile_period),
+                     metrics, EventRecorder(client, a.node_name)).start()
+    log.info("controller for node %s started; maps in %s; metrics on %s", a.node_name, a.pin_dir,
+             a.metrics_bind_address)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    log.info("stopping (the datapath and its maps stay as they are)")
+    ctl.stop()
+    if attacher:
+        attacher.stop()
+    server.shutdown()
+    del sock
+
+
+def register(sub) -> None:
+    p = sub.add_parser("controller", help="watch Kubernetes and keep this node's datapath in sync",
+                       description="Watch Services, EndpointSlices and this Node; keep the pinned maps exactly in "
+                                   "sync. The datapath keeps working while this process is down or restarting.")
+    p.add_argument("--node-name", required=True, help="this node's name (as in the Node object)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config when run in a pod, "
+                                        "else ~/.kube/config)")
+    p.add_argument("--min-sync-period", type=float, default=0.0,
+                   help="seconds between two syncs at least; changes meanwhile are coalesced (default %(default)s)")
+    p.add_argument("--reconcile-period", type=float, default=30.0,
+                   help="seconds between full resyncs with drift repair of the maps (default %(default)s)")
+    p.add_argument("--metrics-bind-address", default="127.0.0.1:10249",
+                   help="HOST:PORT for /metrics, /healthz, /livez, /readyz (default %(default)s)")
+    p.add_argument("--netns", help="network namespace of the node's interfaces (name or /proc/PID/ns/net)")
+    p.add_argument("--iface", action="append", metavar="GLOB",
+                   help="attach the datapath to interfaces matching GLOB, now and as they appear (repeatable); "
+                        "without it the datapath must be loaded already (`kxlb load`)")
+    p.add_argument("--xdp", action="store_true", help="attach at XDP instead of tc ingress")
+    p.add_argument("--xdp-mode", choices=("generic", "native"), default="generic")
+    p.add_argument("--cgroup", help="cgroup v2 directory whose processes (host network) get socket-level "
+                                    "service translation (connect/sendmsg/recvmsg hooks)")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--log-format", default="text", choices=("text", "json"))
+    p.set_defaults(func=run)

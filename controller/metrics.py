@@ -1,0 +1,80 @@
+"""Prometheus metrics (kube-proxy's names under the kxlb_ prefix where the meaning is the
+same, so dashboards translate) and the health endpoints, on one HTTP listener."""
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+SYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.sync_duration = Histogram("kxlb_sync_proxy_rules_duration_seconds",
+                                       "Time to apply a sync to the BPF maps", registry=r, buckets=SYNC_BUCKETS)
+        self.sync_full_duration = Histogram("kxlb_sync_full_proxy_rules_duration_seconds",
+                                            "Time of full syncs", registry=r, buckets=SYNC_BUCKETS)
+        self.sync_partial_duration = Histogram("kxlb_sync_partial_proxy_rules_duration_seconds",
+                                               "Time of incremental syncs", registry=r, buckets=SYNC_BUCKETS)
+        self.last_sync = Gauge("kxlb_sync_proxy_rules_last_timestamp_seconds",
+                               "Unix time of the last successful sync", registry=r)
+        self.network_programming = Histogram(
+            "kxlb_network_programming_duration_seconds",
+            "From an endpoints change (EndpointSlice last-change-trigger-time) to the maps programmed",
+            registry=r, buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60))
+        self.service_changes = Counter("kxlb_sync_proxy_rules_service_changes_total",
+                                       "Service events seen", registry=r)
+        self.endpoint_changes = Counter("kxlb_sync_proxy_rules_endpoint_changes_total",
+                                        "EndpointSlice events seen", registry=r)
+        self.services_programmed = Gauge("kxlb_services_programmed", "Service entries (VIP:port/proto) in the maps",
+                                         registry=r)
+        self.endpoints_programmed = Gauge("kxlb_endpoints_programmed", "Backend slots of active generations",
+                                          registry=r)
+        self.watch_restarts = Counter("kxlb_watch_restarts_total", "Watches restarted, by resource and reason",
+                                      ["resource", "reason"], registry=r)
+        self.map_entries = Gauge("kxlb_map_entries", "Entries in a BPF map", ["map"], registry=r)
+        self.map_capacity = Gauge("kxlb_map_capacity", "Capacity of a BPF map", ["map"], registry=r)
+        self.drift_repaired = Counter("kxlb_drift_repaired_total",
+                                      "Services found altered in the maps and rewritten", registry=r)
+        self.objects_skipped = Counter("kxlb_objects_skipped_total", "Objects or ports skipped as invalid",
+                                       ["kind"], registry=r)
+        self.udp_flows_flushed = Counter("kxlb_udp_flows_flushed_total",
+                                         "Conntrack entries of UDP flows to removed backends deleted", registry=r)
+        self.ready = threading.Event()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def serve(metrics: Metrics, host: str, port: int) -> ThreadingHTTPServer:
+    """/metrics, /healthz and /livez (the process answers), /readyz (first sync done)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            path = self.path.split("?")[0]
+            if path == "/metrics":
+                body, ctype, code = metrics.render(), CONTENT_TYPE_LATEST, 200
+            elif path in ("/healthz", "/livez"):
+                body, ctype, code = b"ok\n", "text/plain", 200
+            elif path == "/readyz":
+                ok = metrics.ready.is_set()
+                body, ctype, code = (b"ok\n" if ok else b"not synced yet\n"), "text/plain", 200 if ok else 503
+            else:
+                body, ctype, code = b"not found\n", "text/plain", 404
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server
