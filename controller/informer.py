@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -86,13 +87,14 @@ class Informer:
     def stop(self) -> None:
         self._stop.set()
         resp = self._resp
-        if resp is not None:
-            try:
-                resp.close()
-            except Exception:
+        sock = getattr(getattr(resp, "connection", None), "sock", None)
+        if sock is not None:
+            try:  # wakes the reader; close() would wait for the TLS lock the reader holds
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
                 pass
         if self._thread:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=1)  # a read blocked in the socket ends with the process
 
     def _run(self) -> None:
         backoff = self.timing.backoff_initial_s

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import faulthandler
 import json
 import logging
 import os
@@ -83,6 +84,7 @@ def run(a) -> None:
     from .controller import Controller, ControllerConfig
 
     setup_logging(a.log_level, a.log_format)
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1` dumps every thread's stack
     attacher = sock = None
     if a.iface:
         from kxlb.loader.compile import compile_datapath

@@ -179,14 +179,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     for register in _extensions():
         register(sub)
+    _accept_everywhere(p, "--pin-dir", help="same as the global --pin-dir")
     return p
+
+
+def _accept_everywhere(parser: argparse.ArgumentParser, flag: str, **kw) -> None:
+    """Let a global option also follow the sub-command (`kxlb controller --pin-dir X`)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                if flag not in child._option_string_actions:
+                    child.add_argument(flag, default=argparse.SUPPRESS, **kw)
+                _accept_everywhere(child, flag, **kw)
 
 
 def _extensions():
     """Sub-commands living in other packages (demo, lab)."""
     from kxlb.controller import main as controller
-    from kxlb.lab import standalone
-    return [controller.register, standalone.register]
+    from kxlb.lab import labcli, standalone
+    return [controller.register, standalone.register, labcli.register]
 
 
 def main(argv: list[str] | None = None) -> int:

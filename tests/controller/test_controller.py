@@ -1,0 +1,163 @@
+"""`kxlb controller` against a real API server: the maps follow the cluster, traffic
+follows the maps, and nothing that restarts (API server, controller) disturbs traffic."""
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from conftest import (BACKEND_PORT, READY, backend_ips, http_get, make_service, put_slice, wait_maps)
+from kxlb.lab.client import tcp_connect, tcp_exchange, tcp_request, udp_request
+from kxlb.lab.controlplane import APISERVER
+from kxlb.loader.netns import netns
+
+
+def names_over(lab, ip, port, n=24):
+    return {tcp_request(lab.client, ip, port)[0].split()[0] for _ in range(n)}
+
+
+def test_services_and_slices_become_maps_and_traffic(api, ns, lab, controller):
+    svc = make_service(api, ns, "web", [("http", 80, "TCP"), ("dns", 53, "UDP")],
+                       [(ip, READY) for ip in backend_ips(lab)])
+    ip = svc["spec"]["clusterIP"]
+    want = sorted(f"{b}:{BACKEND_PORT}" for b in backend_ips(lab))
+    wait_maps(lab, lambda m: m.get(f"{ip}:80/tcp") == want and m.get(f"{ip}:53/udp") == want)
+    assert names_over(lab, ip, 80) == {"be0", "be1", "be2"}
+    reply, src = udp_request(lab.client, ip, 53, "q")
+    assert src == (ip, 53) and reply.split()[0] in {"be0", "be1", "be2"}
+
+
+def test_scaling_down_and_deleting_follow(api, ns, lab, controller):
+    from kubernetes import client
+
+    svc = make_service(api, ns, "scale", [("http", 80, "TCP")], [(ip, READY) for ip in backend_ips(lab)])
+    ip = svc["spec"]["clusterIP"]
+    wait_maps(lab, lambda m: len(m.get(f"{ip}:80/tcp", [])) == 3)
+    put_slice(api, ns, "scale", [(lab.backend_ip(1), READY)], [("http", BACKEND_PORT, "TCP")])
+    wait_maps(lab, lambda m: m.get(f"{ip}:80/tcp") == [f"{lab.backend_ip(1)}:{BACKEND_PORT}"])
+    assert names_over(lab, ip, 80, 10) == {"be1"}
+    client.CoreV1Api(api).delete_namespaced_service("scale", ns)
+    wait_maps(lab, lambda m: f"{ip}:80/tcp" not in m)
+    with pytest.raises(OSError):
+        tcp_request(lab.client, ip, 80)
+
+
+def test_terminating_endpoints_serve_only_when_none_is_ready(api, ns, lab, controller):
+    term = {"ready": False, "serving": True, "terminating": True}
+    svc = make_service(api, ns, "term", [("http", 80, "TCP")],
+                       [(lab.backend_ip(0), term), (lab.backend_ip(1), READY)])
+    ip, key = svc["spec"]["clusterIP"], None
+    key = f"{svc['spec']['clusterIP']}:80/tcp"
+    wait_maps(lab, lambda m: m.get(key) == [f"{lab.backend_ip(1)}:{BACKEND_PORT}"])
+    put_slice(api, ns, "term", [(lab.backend_ip(0), term), (lab.backend_ip(1), {"ready": False, "serving": False,
+                                                                                 "terminating": True})],
+              [("http", BACKEND_PORT, "TCP")])
+    wait_maps(lab, lambda m: m.get(key) == [f"{lab.backend_ip(0)}:{BACKEND_PORT}"])
+    assert names_over(lab, ip, 80, 5) == {"be0"}
+
+
+def test_named_target_port_resolves_per_slice(api, ns, lab, controller):
+    svc = make_service(api, ns, "named", [("web", 80, "TCP")], [(lab.backend_ip(0), READY)],
+                       slice_ports=[("web", BACKEND_PORT, "TCP")])
+    put_slice(api, ns, "named", [(lab.backend_ip(1), READY)], [("web", 9999, "TCP")], slice_name="named-2")
+    key = f"{svc['spec']['clusterIP']}:80/tcp"
+    wait_maps(lab, lambda m: m.get(key) == [f"{lab.backend_ip(0)}:{BACKEND_PORT}", f"{lab.backend_ip(1)}:9999"])
+
+
+def test_other_proxies_and_headless_services_are_left_alone(api, ns, lab, controller):
+    other = make_service(api, ns, "other", [("http", 80, "TCP")], [(lab.backend_ip(0), READY)],
+                         labels={"service.kubernetes.io/service-proxy-name": "someone-else"})
+    make_service(api, ns, "headless", [("http", 80, "TCP")], [(lab.backend_ip(0), READY)], cluster_ip="None")
+    mine = make_service(api, ns, "mine", [("http", 80, "TCP")], [(lab.backend_ip(0), READY)])
+    m = wait_maps(lab, lambda m: f"{mine['spec']['clusterIP']}:80/tcp" in m)
+    assert f"{other['spec']['clusterIP']}:80/tcp" not in m
+    assert not any(k.startswith("None") for k in m)
+
+
+def test_drift_in_the_maps_is_repaired_and_counted(api, ns, lab, controller):
+    svc = make_service(api, ns, "drift", [("http", 80, "TCP")], [(ip, READY) for ip in backend_ips(lab)])
+    key = f"{svc['spec']['clusterIP']}:80/tcp"
+    want = sorted(f"{b}:{BACKEND_PORT}" for b in backend_ips(lab))
+    wait_maps(lab, lambda m: m.get(key) == want)
+    before = controller.metric("kxlb_drift_repaired_total")
+    kxlb = [sys.executable, "-m", "kxlb", "--pin-dir", lab.pin_dir]
+    subprocess.run(kxlb + ["service", "set-backends", key, "10.9.9.9:1"], check=True, capture_output=True)
+    wait_maps(lab, lambda m: m.get(key) == want, what="altered entry repaired")
+    subprocess.run(kxlb + ["service", "del", key], check=True, capture_output=True)
+    wait_maps(lab, lambda m: m.get(key) == want, what="deleted entry repaired")
+    subprocess.run(kxlb + ["service", "add", "10.96.250.250:1/tcp", "10.9.9.9:1"], check=True, capture_output=True)
+    wait_maps(lab, lambda m: "10.96.250.250:1/tcp" not in m, what="foreign entry removed")
+    assert controller.metric("kxlb_drift_repaired_total") >= before + 3
+
+
+def test_udp_flows_to_a_removed_backend_are_flushed(api, ns, lab, controller):
+    svc = make_service(api, ns, "dns", [("dns", 53, "UDP")], [(ip, READY) for ip in backend_ips(lab)])
+    ip = svc["spec"]["clusterIP"]
+    wait_maps(lab, lambda m: len(m.get(f"{ip}:53/udp", [])) == 3)
+    with netns(lab.client):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with s:
+        s.settimeout(3)
+        s.connect((ip, 53))
+        s.send(b"one")
+        first = s.recv(100).split()[0].decode()
+        left = [b for i, b in enumerate(backend_ips(lab)) if f"be{i}" != first]
+        put_slice(api, ns, "dns", [(b, READY) for b in left], [("dns", BACKEND_PORT, "UDP")])
+        wait_maps(lab, lambda m: len(m.get(f"{ip}:53/udp", [])) == 2)
+        deadline = time.monotonic() + 5
+        while True:  # the flush follows the map update in the same sync
+            s.send(b"two")
+            second = s.recv(100).split()[0].decode()
+            if second != first or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    assert second != first
+    assert controller.metric("kxlb_udp_flows_flushed_total") >= 2
+
+
+def test_host_network_processes_reach_services_through_socket_hooks(api, ns, lab, controller):
+    svc = make_service(api, ns, "hostnet", [("http", 80, "TCP")], [(ip, READY) for ip in backend_ips(lab)])
+    ip = svc["spec"]["clusterIP"]
+    wait_maps(lab, lambda m: len(m.get(f"{ip}:80/tcp", [])) == 3)
+    code = ("import socket; c = socket.create_connection(('%s', 80), timeout=3); c.sendall(b'hi\\n'); "
+            "print(c.recv(100).decode().split()[0], c.getpeername()[0])" % ip)
+    # Into the node's cgroup first (`ip netns exec` hides the host's /sys), then its netns.
+    r = subprocess.run(["sh", "-c", f"echo $$ > {controller.cgroup}/cgroup.procs && "
+                        f"exec ip netns exec {lab.node} {sys.executable} -c \"{code}\""],
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode == 0, r.stderr
+    name, peer = r.stdout.split()
+    assert name in {"be0", "be1", "be2"} and peer == ip
+
+
+def test_health_readiness_and_metrics(controller):
+    assert http_get("/healthz")[0] == 200 and http_get("/livez")[0] == 200 and http_get("/readyz")[0] == 200
+    text = http_get("/metrics")[1]
+    for name in ("kxlb_sync_proxy_rules_duration_seconds_bucket", "kxlb_sync_proxy_rules_last_timestamp_seconds",
+                 "kxlb_services_programmed", "kxlb_endpoints_programmed", "kxlb_map_capacity",
+                 "kxlb_network_programming_duration_seconds_bucket"):
+        assert name in text, name
+    assert controller.metric("kxlb_sync_proxy_rules_last_timestamp_seconds") > time.time() - 60
+
+
+def test_a_service_too_big_for_the_maps_is_skipped_and_others_keep_working(api, ns, lab, controller):
+    big = make_service(api, ns, "big", [("http", 80, "TCP")], [])
+    for s in range(5):  # 5000 endpoints: more than the 4096 slots a service may have
+        put_slice(api, ns, "big", [(f"10.77.{s * 4 + i // 250}.{i % 250 + 1}", READY) for i in range(1000)],
+                  [("http", BACKEND_PORT, "TCP")], slice_name=f"big-{s}")
+    before = controller.metric("kxlb_objects_skipped_total", kind="MapWrite")
+    ok = make_service(api, ns, "small", [("http", 80, "TCP")], [(lab.backend_ip(2), READY)])
+    wait_maps(lab, lambda m: f"{ok['spec']['clusterIP']}:80/tcp" in m)
+    deadline = time.monotonic() + 10
+    while controller.metric("kxlb_objects_skipped_total", kind="MapWrite") <= before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert controller.metric("kxlb_objects_skipped_total", kind="MapWrite") > before
+    assert "4096" in controller.log.read_text() and "big" in controller.log.read_text()
+    assert names_over(lab, ok["spec"]["clusterIP"], 80, 3) == {"be2"}
