@@ -508,6 +508,44 @@ class ControlPlane:
             "stray_pids": leftovers,
         }
 
+    def kill(self, comp: str, sig: int = signal.SIGKILL, timeout: float = 15) -> Optional[int]:
+        """Send *sig* to one component's process group (as a crash or an OOM kill would)
+        and wait until it is gone; returns its pid (None if it was not running)."""
+        if comp not in COMPONENTS:
+            raise KeyError(comp)
+        info = self._read_pidfile(comp)
+        if not info or not _alive(info["pid"], info.get("start")):
+            return None
+        pid = info["pid"]
+        try:
+            os.killpg(pid, sig) if os.getpgid(pid) == pid else os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + timeout
+        while _alive(pid, info.get("start")):
+            self._reap()
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(f"{comp} (pid {pid}) still runs {timeout:g}s after signal {sig}")
+            time.sleep(0.05)
+        self._reap()
+        return pid
+
+    def restart(self, comp: str) -> None:
+        """Stop one component (SIGTERM, then SIGKILL) if it runs, start it again with the
+        same configuration, and wait until it is ready."""
+        if comp not in COMPONENTS:
+            raise KeyError(comp)
+        info = self._read_pidfile(comp)
+        if info and _alive(info["pid"], info.get("start")):
+            self._stop_group({info["pid"]: info.get("start")})
+        self._start(comp)
+        if comp == ETCD:
+            self._wait(ETCD, self._probe_etcd, self.timeouts.etcd)
+        elif comp == APISERVER:
+            self._wait(APISERVER, self._probe_apiserver, self.timeouts.apiserver)
+        else:
+            self._wait(comp, lambda: self._probe(comp), self.timeouts.controllers)
+
     def pids(self) -> list[int]:
         """Every live process of this control plane (pidfiles and marker)."""
         pids = set(_marked_pids(self.marker))

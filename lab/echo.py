@@ -1,52 +1,137 @@
-"""The lab's workload: a TCP and UDP echo server that answers with its own name.
+"""The lab's workload: echo servers that answer with their own name.
 
 TCP: for every line received, send back "NAME LINE". UDP: for every datagram, send back
-"NAME DATAGRAM". Run as ``python -m kxlb.lab.echo --name N --port P [--netns NS]``.
+"NAME DATAGRAM". HTTP: any GET (or HEAD) gets status 200 and the body "NAME" (no
+newline), with ``Content-Type: text/plain``; POST gets "NAME " followed by its body.
+
+    python -m kxlb.lab.echo --name N [--netns NS] [--port P] [--tcp P] [--udp P] [--http P]
+
+``--port`` serves TCP and UDP on P; ``--tcp``, ``--udp`` and ``--http`` one protocol
+each (all repeatable). "ready" is printed on stdout once every socket is bound.
 """
 from __future__ import annotations
 
 import argparse
-import socket
+import http.server
+import signal
 import socketserver
+import sys
 import threading
 
 from kxlb.loader.netns import netns
 
 
-def make_servers(name: str, port: int, host: str = "0.0.0.0") -> list[socketserver.BaseServer]:
+class _Tcp(socketserver.ThreadingTCPServer):
+    allow_reuse_address = True
+    daemon_threads = True
+    request_queue_size = 1024
+
+
+class _Udp(socketserver.ThreadingUDPServer):
+    allow_reuse_address = True
+    daemon_threads = True
+
+
+class _Http(http.server.ThreadingHTTPServer):
+    allow_reuse_address = True
+    daemon_threads = True
+    request_queue_size = 1024
+
+
+def make_tcp_server(name: str, port: int, host: str = "0.0.0.0") -> socketserver.BaseServer:
     tag = name.encode()
 
     class TcpHandler(socketserver.StreamRequestHandler):
         def handle(self) -> None:
-            for line in self.rfile:
-                self.wfile.write(tag + b" " + line)
-                self.wfile.flush()
+            try:
+                for line in self.rfile:
+                    self.wfile.write(tag + b" " + line)
+                    self.wfile.flush()
+            except ConnectionError:
+                pass
+
+    return _Tcp((host, port), TcpHandler)
+
+
+def make_udp_server(name: str, port: int, host: str = "0.0.0.0") -> socketserver.BaseServer:
+    tag = name.encode()
 
     class UdpHandler(socketserver.BaseRequestHandler):  # one reply, no empty trailer
         def handle(self) -> None:
             data, sock = self.request
             sock.sendto(tag + b" " + data, self.client_address)
 
-    class Tcp(socketserver.ThreadingTCPServer):
-        allow_reuse_address = True
-        daemon_threads = True
+    return _Udp((host, port), UdpHandler)
 
-    return [Tcp((host, port), TcpHandler), socketserver.ThreadingUDPServer((host, port), UdpHandler)]
+
+def make_http_server(name: str, port: int, host: str = "0.0.0.0") -> socketserver.BaseServer:
+    body = name.encode()
+
+    class HttpHandler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"   # keep-alive, as real servers do
+        server_version = "kxlab-echo"
+
+        def _reply(self, payload: bytes, head: bool = False) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            if not head:
+                self.wfile.write(payload)
+
+        def do_GET(self) -> None:  # noqa: N802
+            self._reply(body)
+
+        def do_HEAD(self) -> None:  # noqa: N802
+            self._reply(body, head=True)
+
+        def do_POST(self) -> None:  # noqa: N802
+            n = int(self.headers.get("Content-Length") or 0)
+            self._reply(body + b" " + self.rfile.read(n))
+
+        def log_message(self, *args) -> None:  # quiet
+            pass
+
+    return _Http((host, port), HttpHandler)
+
+
+def make_servers(name: str, port: int, host: str = "0.0.0.0") -> list[socketserver.BaseServer]:
+    """TCP and UDP echo on the same port."""
+    return [make_tcp_server(name, port, host), make_udp_server(name, port, host)]
+
+
+def serve(servers: list[socketserver.BaseServer]) -> list[threading.Thread]:
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
+    for t in threads:
+        t.start()
+    return threads
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--name", required=True)
-    ap.add_argument("--port", type=int, action="append", required=True, help="repeatable")
+    ap.add_argument("--port", type=int, action="append", default=[], help="TCP and UDP (repeatable)")
+    ap.add_argument("--tcp", type=int, action="append", default=[], help="TCP echo (repeatable)")
+    ap.add_argument("--udp", type=int, action="append", default=[], help="UDP echo (repeatable)")
+    ap.add_argument("--http", type=int, action="append", default=[], help="HTTP (repeatable)")
     ap.add_argument("--netns", help="network namespace to serve in")
     a = ap.parse_args(argv)
+    if not (a.port or a.tcp or a.udp or a.http):
+        ap.error("no port to serve")
     with netns(a.netns):  # sockets keep the namespace they were made in
         servers = [s for p in a.port for s in make_servers(a.name, p)]
-    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
-    for t in threads:
-        t.start()
+        servers += [make_tcp_server(a.name, p) for p in a.tcp]
+        servers += [make_udp_server(a.name, p) for p in a.udp]
+        servers += [make_http_server(a.name, p) for p in a.http]
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    serve(servers)
     print("ready", flush=True)
-    threads[0].join()
+    try:
+        sys.stdout.close()  # nothing more to say: a reader that goes away cannot hurt us
+    except OSError:
+        pass
+    done.wait()
 
 
 if __name__ == "__main__":

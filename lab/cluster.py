@@ -1,0 +1,687 @@
+"""The Kubernetes lab: a real control plane, lab nodes, pod agents and a service proxy.
+
+    lab = Lab("/var/lib/kxlb/lab", proxy="kxlb")   # or "kube-proxy" or "none"
+    lab.up()            # idempotent; blocks until nodes are Ready and the proxy is healthy
+    lab.kubeconfig      # admin kubeconfig (kubectl, the Python client)
+    lab.status()        # JSON-able
+    lab.set_proxy("kube-proxy")
+    lab.down()          # idempotent, also after a crash
+
+Pieces (all named after ``name``, default ``kxlab``):
+
+- the control plane of ``lab/controlplane.py`` in the work directory (loopback ports;
+  ``port_offset`` shifts them all, for a second lab beside the first);
+- the network of ``lab/nodes.py``: node namespaces, fabric, client, cgroups;
+- one pod agent per node (``lab/podagent.py``), a background process;
+- one proxy per node: the kxlb controller (``python -m kxlb controller``, as a
+  DaemonSet would run it: host network, the node's interfaces, the node's cgroup), the
+  real kube-proxy in nftables mode inside the node's namespace, or nothing.
+
+Every process gets the environment marker ``KXLB_LAB=<workdir>`` and a pidfile in
+``run/``; ``down()`` stops both, so nothing survives a crashed ``up``. Logs go to
+``logs/`` in the work directory. ``lab.json`` records the configuration, for
+``down``/``status``/``exec`` from another process.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Optional
+
+from kxlb.loader.netns import netns
+
+from . import controlplane as cpmod
+from .controlplane import ControlPlane, ControlPlaneError, Ports
+from .nodes import CLUSTER_CIDR, NodeSpec, Topology, netns_exists, run
+
+DEFAULT_WORKDIR = cpmod.DEFAULT_WORKDIR
+MARKER_ENV = "KXLB_LAB"
+PROXIES = ("kxlb", "kube-proxy", "none")
+# Per-node ports (loopback), shifted by port_offset and node index.
+CONTROLLER_METRICS_BASE = 16500   # kxlb controller, host loopback
+KUBE_PROXY_METRICS_BASE = 16600   # inside the node's namespace
+KUBE_PROXY_HEALTHZ_BASE = 16700   # inside the node's namespace
+REPO = Path(__file__).resolve().parent.parent
+
+
+class LabError(RuntimeError):
+    """A lab operation failed; the message says what and where the log is."""
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    return cpmod._tail(path, lines)
+
+
+def _env(marker: str, extra: Optional[dict] = None) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in cpmod._PROXY_VARS and k not in ("KUBECONFIG", cpmod.MARKER_ENV)}
+    env[MARKER_ENV] = marker
+    env.update(extra or {})
+    return env
+
+
+def marked_pids(marker: str) -> list[int]:
+    key = f"{MARKER_ENV}={marker}".encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if key in env and cpmod._alive(int(name)):
+            out.append(int(name))
+    return sorted(out)
+
+
+def http_get(host: str, port: int, path: str, ns: Optional[str] = None, timeout: float = 3) -> tuple[int, str]:
+    """GET over a socket made in network namespace *ns*; (status, body)."""
+    with netns(ns):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect((host, port))
+        conn = http.client.HTTPConnection(host, port, timeout=timeout)
+        conn.sock = s
+        conn.request("GET", path)
+        r = conn.getresponse()
+        return r.status, r.read(4096).decode(errors="replace")
+    finally:
+        s.close()
+
+
+def controller_available(python: str = sys.executable) -> bool:
+    """Does this checkout have `kxlb controller`?"""
+    r = subprocess.run([python, "-m", "kxlb", "controller", "--help"], capture_output=True, text=True,
+                       env=_env("probe"), cwd=REPO)
+    return r.returncode == 0
+
+
+class Lab:
+    def __init__(self, workdir: os.PathLike | str = DEFAULT_WORKDIR, *, name: str = "kxlab", nodes: int = 2,
+                 proxy: str = "kxlb", port_offset: int = 0, advertise_address: Optional[str] = None,
+                 api_iface: Optional[str] = None, bin_dir: os.PathLike | str | None = None,
+                 log: Optional[Callable[[str], None]] = None):
+        if proxy not in PROXIES:
+            raise ValueError(f"proxy must be one of {', '.join(PROXIES)}")
+        self.workdir = Path(workdir).resolve()
+        self.name, self.nodes, self.proxy_requested = name, nodes, proxy
+        self.port_offset = port_offset
+        self.advertise_address = advertise_address or (
+            "10.254.0.1" if port_offset == 0 else f"10.254.{(port_offset // 256) % 256}.{port_offset % 254 + 1}")
+        self.api_iface = api_iface or ("kxlb-apisrv0" if name == "kxlab" else f"{name[:10]}-api0")
+        self._bin_dir = Path(bin_dir) if bin_dir else None
+        self.log = log or (lambda msg: print(f"lab: {msg}", file=sys.stderr, flush=True))
+        self.topology = Topology(name, nodes)
+
+    # ---- configuration ---------------------------------------------------------------------
+    @property
+    def state_file(self) -> Path:
+        return self.workdir / "lab.json"
+
+    def read_state(self) -> Optional[dict]:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return None
+
+    @classmethod
+    def from_workdir(cls, workdir: os.PathLike | str = DEFAULT_WORKDIR, **kw) -> "Lab":
+        """The lab last brought up in *workdir* (defaults when there is none)."""
+        wd = Path(workdir).resolve()
+        try:
+            st = json.loads((wd / "lab.json").read_text())
+        except (OSError, ValueError):
+            return cls(wd, **kw)
+        args = dict(name=st["topology"]["name"], nodes=len(st["topology"]["nodes"]),
+                    proxy=st.get("proxy_requested", "kxlb"), port_offset=st.get("port_offset", 0),
+                    advertise_address=st.get("advertise_address"), api_iface=st.get("api_iface"),
+                    bin_dir=st.get("bin_dir"))
+        args.update(kw)
+        return cls(wd, **args)
+
+    @property
+    def controlplane(self) -> ControlPlane:
+        return ControlPlane(self.workdir, self._bin_dir, ports=Ports().shifted(self.port_offset),
+                            advertise_address=self.advertise_address, iface=self.api_iface,
+                            log=lambda m: self.log(f"controlplane: {m}"))
+
+    @property
+    def bin_dir(self) -> Path:
+        if self._bin_dir is None:
+            self._bin_dir = cpmod.default_bin_dir()
+        return self._bin_dir
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "kubeconfig" / "admin.kubeconfig"
+
+    @property
+    def kube_proxy_kubeconfig(self) -> Path:
+        return self.workdir / "kubeconfig" / "kube-proxy.kubeconfig"
+
+    @property
+    def api_port(self) -> int:
+        return Ports().shifted(self.port_offset).apiserver
+
+    @property
+    def node_specs(self) -> list[NodeSpec]:
+        return self.topology.node_specs
+
+    def node(self, which: int | str) -> NodeSpec:
+        """A node by index (1-based), name, or suffix (``node-2``)."""
+        for n in self.node_specs:
+            if which in (n.index, n.name, str(n.index), n.name.removeprefix(f"{self.name}-")):
+                return n
+        raise LabError(f"no node {which!r} in lab {self.name} ({', '.join(n.name for n in self.node_specs)})")
+
+    @property
+    def client_ns(self) -> str:
+        return self.topology.client_ns
+
+    @property
+    def client_ip(self) -> str:
+        return self.topology.client_ip
+
+    @property
+    def proxy(self) -> str:
+        """The proxy that runs (kxlb may have fallen back to none)."""
+        st = self.read_state() or {}
+        return st.get("proxy", "none")
+
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+        r = subprocess.run([str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+                           capture_output=True, text=True, timeout=timeout)
+        if check and r.returncode:
+            raise LabError(f"kubectl {' '.join(args)}: {r.stderr.strip()}")
+        return r
+
+    def api_client(self):
+        """A new kubernetes.client.ApiClient for the admin kubeconfig (close it when done)."""
+        from kubernetes import config
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    # ---- pidfiles ------------------------------------------------------------------------------
+    def _pidfile(self, role: str) -> Path:
+        return self.workdir / "run" / f"lab-{role}.pid"
+
+    def _read_pid(self, role: str) -> Optional[dict]:
+        try:
+            info = json.loads(self._pidfile(role).read_text())
+            return info if cpmod._alive(int(info["pid"]), info.get("start")) else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _spawn(self, role: str, argv: list[str], log_name: str, cgroup: Optional[str] = None,
+               extra_env: Optional[dict] = None) -> subprocess.Popen:
+        logp = self.workdir / "logs" / f"{log_name}.log"
+        logp.parent.mkdir(parents=True, exist_ok=True)
+
+        def preexec() -> None:
+            if cgroup:
+                with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+                    f.write("0")
+
+        with open(logp, "ab") as logf:
+            logf.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%S%z')} {' '.join(argv)}\n".encode())
+            logf.flush()
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                 cwd=self.workdir, env=_env(str(self.workdir), extra_env),
+                                 start_new_session=True, close_fds=True, preexec_fn=preexec)
+        st = cpmod._proc_stat(p.pid)
+        info = {"pid": p.pid, "start": st[1] if st else None, "argv": argv, "log": str(logp)}
+        cpmod.pki.write_public(self._pidfile(role), (json.dumps(info) + "\n").encode())
+        return p
+
+    def _stop_roles(self, roles: list[str], grace: float = 5.0) -> None:
+        group = {}
+        for role in roles:
+            info = self._read_pid(role)
+            if info:
+                group[int(info["pid"])] = info.get("start")
+            self._pidfile(role).unlink(missing_ok=True)
+        self._kill(group, grace)
+
+    def _kill(self, group: dict[int, Optional[int]], grace: float) -> None:
+        def send(sig: int) -> None:
+            for pid, start in group.items():
+                if cpmod._alive(pid, start):
+                    try:
+                        if os.getpgid(pid) == pid:
+                            os.killpg(pid, sig)
+                        else:
+                            os.kill(pid, sig)
+                    except ProcessLookupError:
+                        pass
+
+        def wait(t: float) -> list[int]:
+            end = time.monotonic() + t
+            while True:
+                left = [p for p, s in group.items() if cpmod._alive(p, s)]
+                if not left or time.monotonic() > end:
+                    return left
+                time.sleep(0.05)
+
+        if not group:
+            return
+        send(signal.SIGTERM)
+        if wait(grace):
+            send(signal.SIGKILL)
+            left = wait(10)
+            if left:
+                raise LabError(f"processes {left} survive SIGKILL")
+
+    # ---- up ----------------------------------------------------------------------------------
+    def up(self, *, build: bool = True, timeout: float = 180) -> "Lab":
+        """Bring the lab up, or make sure it is; returns self. Raises LabError."""
+        if os.geteuid() != 0:
+            raise LabError("the lab needs root (network namespaces, cgroups, BPF)")
+        t0 = time.monotonic()
+        st = self.read_state()
+        if st and (st["topology"]["name"], len(st["topology"]["nodes"])) != (self.name, self.nodes):
+            if self.controlplane.status(probe=False)["components"][cpmod.APISERVER]["running"]:
+                raise LabError(f"the lab in {self.workdir} runs as {st['topology']['name']} with "
+                               f"{len(st['topology']['nodes'])} nodes; `kxlb lab down` first")
+        if st and self._try_repair():
+            self.log(f"already up ({self.workdir}); checked in {time.monotonic() - t0:.1f}s")
+            return self
+        if build and self._bin_dir is None:
+            self._bin_dir = cpmod.ensure_binaries(log=self.log)
+        missing = cpmod.missing_binaries(self.bin_dir) + [
+            b for b in ("kubectl", "kube-proxy") if not os.access(self.bin_dir / b, os.X_OK)]
+        if missing:
+            raise LabError(f"missing binaries in {self.bin_dir}: {', '.join(missing)}; run {cpmod.BUILD_SH}")
+        self.down(quiet=True)
+        try:
+            self._fresh_up(timeout)
+        except BaseException:
+            self.log(f"up failed; logs stay in {self.workdir / 'logs'}; cleaning up")
+            try:
+                self.down(quiet=True)
+            except Exception as exc:  # noqa: BLE001 - keep the original error
+                self.log(f"cleanup failed too: {exc}")
+            raise
+        self.log(f"up in {time.monotonic() - t0:.1f}s; kubeconfig {self.kubeconfig}; proxy {self.proxy}")
+        return self
+
+    def _fresh_up(self, timeout: float) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        k8s_version = subprocess.run([str(self.bin_dir / "kube-apiserver"), "--version"], capture_output=True,
+                                     text=True).stdout.split()[-1]
+        self._write_state({"proxy": "none", "k8s_version": k8s_version})
+        try:
+            self.controlplane.up()
+        except ControlPlaneError as exc:
+            raise LabError(str(exc)) from None
+        t = time.monotonic()
+        self.topology.create()
+        self.log(f"network: {len(self.node_specs)} nodes, fabric, client in {time.monotonic() - t:.1f}s")
+        for n in self.node_specs:
+            self._start_agent(n)
+        self._wait_nodes(timeout)
+        self.set_proxy(self.proxy_requested, timeout=timeout)
+
+    def _write_state(self, extra: dict) -> None:
+        st = self.read_state() or {}
+        st.update({
+            "topology": self.topology.to_dict(),
+            "workdir": str(self.workdir),
+            "port_offset": self.port_offset,
+            "advertise_address": self.advertise_address,
+            "api_iface": self.api_iface,
+            "api_port": self.api_port,
+            "bin_dir": str(self.bin_dir),
+            "admin_kubeconfig": str(self.kubeconfig),
+            "kube_proxy_kubeconfig": str(self.kube_proxy_kubeconfig),
+            "proxy_requested": self.proxy_requested,
+        })
+        st.setdefault("created_id", str(uuid.uuid4()))
+        st.update(extra)
+        cpmod.pki.write_public(self.state_file, (json.dumps(st, indent=2) + "\n").encode())
+
+    def _try_repair(self) -> bool:
+        """True if the running lab is (now) complete: control plane healthy, network intact;
+        dead agents and proxies are restarted. False: it has to be rebuilt."""
+        cp = self.controlplane
+        if not cp.is_up():
+            self.log("control plane not running/healthy: rebuilding the lab")
+            return False
+        problems = self.topology.problems()
+        if problems:
+            self.log(f"network incomplete ({'; '.join(problems)}): rebuilding the lab")
+            return False
+        for n in self.node_specs:
+            if not self._read_pid(f"agent-{n.name}"):
+                self.log(f"pod agent of {n.name} not running: starting it")
+                self._start_agent(n)
+        self._wait_nodes(60)
+        st = self.read_state() or {}
+        want = self.proxy_requested
+        if st.get("proxy_requested") != want or any(not self._read_pid(f"proxy-{n.name}") for n in self.node_specs
+                                                    if st.get("proxy") != "none"):
+            self.set_proxy(want)
+        return True
+
+    # ---- pod agents ------------------------------------------------------------------------------
+    def _start_agent(self, n: NodeSpec) -> None:
+        argv = [sys.executable, "-m", "kxlb.lab.podagent", "--workdir", str(self.workdir), "--node", n.name]
+        p = self._spawn(f"agent-{n.name}", argv, f"agent-{n.name}")
+        self.log(f"pod agent for {n.name} started (pid {p.pid}), log {self.workdir / 'logs' / f'agent-{n.name}.log'}")
+
+    def _wait_nodes(self, timeout: float) -> None:
+        """Until every Node is Ready and carries no not-ready/unreachable taint."""
+        from kubernetes import client
+        deadline = time.monotonic() + timeout
+        api = self.api_client()
+        try:
+            core = client.CoreV1Api(api)
+            detail = "not checked yet"
+            while True:
+                for n in self.node_specs:
+                    if not self._read_pid(f"agent-{n.name}"):
+                        logp = self.workdir / "logs" / f"agent-{n.name}.log"
+                        raise LabError(f"the pod agent of {n.name} exited; log {logp}:\n{_tail(logp)}")
+                try:
+                    nodes = {x["metadata"]["name"]: x for x in
+                             json.loads(core.list_node(_preload_content=False, _request_timeout=5).data)["items"]}
+                    bad = []
+                    for n in self.node_specs:
+                        obj = nodes.get(n.name)
+                        if obj is None:
+                            bad.append(f"{n.name}: not registered")
+                            continue
+                        ready = [c for c in obj["status"].get("conditions", []) if c["type"] == "Ready"]
+                        if not ready or ready[0]["status"] != "True":
+                            bad.append(f"{n.name}: not Ready")
+                        taints = [t["key"] for t in obj["spec"].get("taints") or []
+                                  if t["key"].startswith("node.kubernetes.io/")]
+                        if taints:
+                            bad.append(f"{n.name}: tainted {', '.join(taints)}")
+                    if not bad:
+                        return
+                    detail = "; ".join(bad)
+                except Exception as exc:  # noqa: BLE001
+                    detail = f"API: {exc}"
+                if time.monotonic() > deadline:
+                    raise LabError(f"nodes not ready after {timeout:.0f}s: {detail} (agent logs in "
+                                   f"{self.workdir / 'logs'})")
+                time.sleep(0.3)
+        finally:
+            api.close()
+
+    def restart_agent(self, which: int | str) -> None:
+        n = self.node(which)
+        self._stop_roles([f"agent-{n.name}"])
+        self._start_agent(n)
+
+    # ---- proxies ---------------------------------------------------------------------------------
+    def controller_argv(self, n: NodeSpec) -> list[str]:
+        port = CONTROLLER_METRICS_BASE + self.port_offset + n.index
+        return [sys.executable, "-m", "kxlb", "--pin-dir", n.pin_dir, "controller",
+                "--node-name", n.name, "--kubeconfig", str(self.kube_proxy_kubeconfig),
+                "--netns", n.netns, "--iface", "eth0", "--iface", "kxp*", "--cgroup", n.cgroup,
+                "--metrics-bind-address", f"127.0.0.1:{port}"]
+
+    def kube_proxy_argv(self, n: NodeSpec) -> list[str]:
+        mport = KUBE_PROXY_METRICS_BASE + self.port_offset + n.index
+        hport = KUBE_PROXY_HEALTHZ_BASE + self.port_offset + n.index
+        return ["ip", "netns", "exec", n.netns, str(self.bin_dir / "kube-proxy"),
+                "--proxy-mode=nftables", f"--hostname-override={n.name}",
+                f"--kubeconfig={self.kube_proxy_kubeconfig}", f"--cluster-cidr={CLUSTER_CIDR}",
+                f"--metrics-bind-address=127.0.0.1:{mport}", f"--healthz-bind-address=127.0.0.1:{hport}",
+                # Host-wide conntrack sysctls are not ours to change (nor writable in a netns).
+                "--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0",
+                "--conntrack-tcp-timeout-close-wait=0", "--v=2"]
+
+    def set_proxy(self, mode: str, *, timeout: float = 120) -> str:
+        """Stop the running proxy, clean up after it, start *mode* on every node and wait
+        until it is healthy. kxlb falls back to none (with a warning) when this checkout
+        has no `kxlb controller`. Returns the mode that runs."""
+        if mode not in PROXIES:
+            raise ValueError(f"proxy must be one of {', '.join(PROXIES)}")
+        self.proxy_requested = mode
+        actual = mode
+        if mode == "kxlb" and not controller_available():
+            self.log("WARNING: `python -m kxlb controller` is not available in this checkout; "
+                     "running without a service proxy (--proxy none)")
+            actual = "none"
+        self._stop_proxies()
+        self._write_state({"proxy": "none"})
+        if actual == "none":
+            return actual
+        for n in self.node_specs:
+            if actual == "kxlb":
+                self._spawn(f"proxy-{n.name}", self.controller_argv(n), f"kxlb-controller-{n.name}",
+                            extra_env={"KXLB_PIN_DIR": n.pin_dir})
+            else:
+                self._spawn(f"proxy-{n.name}", self.kube_proxy_argv(n), f"kube-proxy-{n.name}", cgroup=n.cgroup)
+        self._write_state({"proxy": actual})
+        try:
+            self._wait_proxies(actual, timeout)
+        except BaseException:
+            self._stop_proxies()
+            self._write_state({"proxy": "none"})
+            raise
+        self.log(f"proxy {actual} healthy on {', '.join(n.name for n in self.node_specs)}")
+        return actual
+
+    def _proxy_health(self, mode: str, n: NodeSpec) -> tuple[bool, str]:
+        try:
+            if mode == "kxlb":
+                port = CONTROLLER_METRICS_BASE + self.port_offset + n.index
+                code, body = http_get("127.0.0.1", port, "/readyz")
+            else:
+                port = KUBE_PROXY_HEALTHZ_BASE + self.port_offset + n.index
+                code, body = http_get("127.0.0.1", port, "/healthz", ns=n.netns)
+        except OSError as exc:
+            return False, str(exc)
+        return code == 200, f"HTTP {code} {body.strip()[:200]}"
+
+    def _wait_proxies(self, mode: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        pending = {n.name: n for n in self.node_specs}
+        detail = {}
+        while pending:
+            for name, n in list(pending.items()):
+                logp = self.workdir / "logs" / (f"kxlb-controller-{name}.log" if mode == "kxlb"
+                                                else f"kube-proxy-{name}.log")
+                if not self._read_pid(f"proxy-{name}"):
+                    raise LabError(f"{mode} on {name} exited; log {logp}:\n{_tail(logp)}")
+                ok, detail[name] = self._proxy_health(mode, n)
+                if ok:
+                    del pending[name]
+            if pending and time.monotonic() > deadline:
+                name = next(iter(pending))
+                logp = self.workdir / "logs" / (f"kxlb-controller-{name}.log" if mode == "kxlb"
+                                                else f"kube-proxy-{name}.log")
+                raise LabError(f"{mode} on {name} not healthy after {timeout:.0f}s ({detail[name]}); "
+                               f"log {logp}:\n{_tail(logp)}")
+            if pending:
+                time.sleep(0.3)
+
+    def _stop_proxies(self) -> None:
+        """Stop proxy processes and remove what they left in the nodes: nftables tables,
+        tc/XDP programs, pinned maps, cgroup attachments (the cgroup is recreated)."""
+        self._stop_roles([f"proxy-{n.name}" for n in self.node_specs])
+        for n in self.node_specs:
+            if not netns_exists(n.netns):
+                continue
+            for fam in ("ip", "ip6", "inet"):
+                run("ip", "netns", "exec", n.netns, "nft", "delete", "table", fam, "kube-proxy", check=False)
+            self._clear_bpf(n)
+
+    def _clear_bpf(self, n: NodeSpec) -> None:
+        if netns_exists(n.netns):
+            qdiscs = json.loads(run("tc", "-n", n.netns, "-j", "qdisc", "show", check=False).stdout or "[]")
+            cmds = [f"qdisc del dev {q['dev']} clsact" for q in qdiscs if q.get("kind") == "clsact"]
+            if cmds:
+                run("tc", "-force", "-n", n.netns, "-batch", "-", input="\n".join(cmds) + "\n", check=False)
+            links = json.loads(run("ip", "-n", n.netns, "-j", "link", "show", check=False).stdout or "[]")
+            cmds = [f"link set dev {x['ifname']} xdp off" for x in links if "xdp" in x]
+            if cmds:
+                run("ip", "-force", "-n", n.netns, "-batch", "-", input="\n".join(cmds) + "\n", check=False)
+        had_pins = os.path.exists(n.pin_dir)
+        shutil.rmtree(n.pin_dir, ignore_errors=True)
+        try:
+            from kxlb.loader.attach import Registry
+            Registry(n.pin_dir).remove()
+        except Exception:  # noqa: BLE001
+            pass
+        if had_pins and os.path.isdir(n.cgroup):
+            # Socket-level programs attached to the cgroup go with it.
+            from .nodes import kill_cgroup
+            kill_cgroup(n.cgroup)
+            os.makedirs(n.cgroup, exist_ok=True)
+
+    # ---- down ------------------------------------------------------------------------------------
+    def down(self, *, purge: bool = False, quiet: bool = False) -> None:
+        """Stop every process, remove every namespace, interface, cgroup and pin of this lab.
+        Idempotent; works after a crash (pidfiles, environment marker, name prefixes)."""
+        t0 = time.monotonic()
+        roles = [p.stem.removeprefix("lab-") for p in (self.workdir / "run").glob("lab-*.pid")]
+        self._stop_roles(roles)
+        self._kill({p: None for p in marked_pids(str(self.workdir))}, grace=2.0)
+        try:
+            self.controlplane.down()
+        except ControlPlaneError as exc:
+            raise LabError(str(exc)) from None
+        # Pins of any node this lab ever had, also with another node count.
+        bpffs = self.topology.bpffs
+        if os.path.isdir(bpffs):
+            for d in os.listdir(bpffs):
+                if d.startswith(f"{self.name}-node-"):
+                    self._clear_bpf(NodeSpec(d, 0, "", "", "", "", os.path.join(bpffs, d), ""))
+        removed = self.topology.destroy()
+        self._kill({p: None for p in marked_pids(str(self.workdir))}, grace=2.0)
+        shutil.rmtree(self.workdir / "nodes", ignore_errors=True)
+        self.state_file.unlink(missing_ok=True)
+        if purge:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        if not quiet or removed:
+            self.log(f"down in {time.monotonic() - t0:.1f}s" + (f"; removed {len(removed)} namespaces/cgroups"
+                                                                  if removed else ""))
+
+    # ---- status ------------------------------------------------------------------------------------
+    def status(self, *, probe: bool = True) -> dict:
+        st = self.read_state()
+        cp = self.controlplane.status(probe=probe) if st else None
+        out = {
+            "up": False, "workdir": str(self.workdir), "name": self.name,
+            "kubeconfig": str(self.kubeconfig), "kube_proxy_kubeconfig": str(self.kube_proxy_kubeconfig),
+            "server": f"https://127.0.0.1:{self.api_port}",
+            "proxy": (st or {}).get("proxy"), "proxy_requested": (st or {}).get("proxy_requested"),
+            "k8s_version": (st or {}).get("k8s_version"),
+            "client": {"netns": self.client_ns, "ip": self.client_ip,
+                       "present": netns_exists(self.client_ns),
+                       "routes": self.topology.to_dict()["client"]["routes"]},
+            "fabric": {"netns": self.topology.fabric_ns, "bridge": "br0", "cidr": "10.250.0.0/24",
+                       "present": netns_exists(self.topology.fabric_ns)},
+            "nodes": [], "controlplane": cp,
+        }
+        api_nodes: dict = {}
+        if st and probe and cp and cp["up"]:
+            try:
+                from kubernetes import client
+                api = self.api_client()
+                try:
+                    data = client.CoreV1Api(api).list_node(_preload_content=False, _request_timeout=5).data
+                    api_nodes = {x["metadata"]["name"]: x for x in json.loads(data)["items"]}
+                finally:
+                    api.close()
+            except Exception:  # noqa: BLE001
+                api_nodes = {}
+        healthy = bool(st) and bool(cp and cp["up"])
+        for n in self.node_specs:
+            agent = self._read_pid(f"agent-{n.name}")
+            proxy = self._read_pid(f"proxy-{n.name}")
+            obj = api_nodes.get(n.name)
+            ready = None
+            if obj is not None:
+                ready = any(c["type"] == "Ready" and c["status"] == "True" for c in obj["status"].get("conditions", []))
+            entry = {
+                "name": n.name, "netns": n.netns, "present": netns_exists(n.netns),
+                "internal_ip": n.ip, "addresses": {"InternalIP": n.ip, "pod_gateway": n.gateway},
+                "pod_cidr": n.pod_cidr, "zone": n.zone, "cgroup": n.cgroup, "pin_dir": n.pin_dir,
+                "pod_veth_glob": "kxp*", "ready": ready,
+                "agent": {"pid": agent["pid"] if agent else None, "running": bool(agent),
+                          "log": str(self.workdir / "logs" / f"agent-{n.name}.log")},
+                "proxy": {"mode": (st or {}).get("proxy"), "pid": proxy["pid"] if proxy else None,
+                          "running": bool(proxy), "log": proxy["log"] if proxy else None},
+            }
+            if (st or {}).get("proxy") == "kxlb":
+                entry["proxy"]["metrics"] = f"127.0.0.1:{CONTROLLER_METRICS_BASE + self.port_offset + n.index}"
+            elif (st or {}).get("proxy") == "kube-proxy":
+                entry["proxy"]["metrics"] = f"127.0.0.1:{KUBE_PROXY_METRICS_BASE + self.port_offset + n.index} (in {n.netns})"
+                entry["proxy"]["healthz"] = f"127.0.0.1:{KUBE_PROXY_HEALTHZ_BASE + self.port_offset + n.index} (in {n.netns})"
+            healthy = healthy and entry["present"] and bool(agent) and (ready is not False) and \
+                ((st or {}).get("proxy") == "none" or bool(proxy))
+            out["nodes"].append(entry)
+        out["up"] = bool(healthy and out["client"]["present"])
+        return out
+
+    # ---- exec ------------------------------------------------------------------------------------
+    def resolve_target(self, target: str) -> tuple[str, Optional[str]]:
+        """``node/NAME``, ``client``, ``fabric`` or ``NAMESPACE/POD`` -> (netns, cgroup or None)."""
+        if target == "client":
+            return self.client_ns, None
+        if target == "fabric":
+            return self.topology.fabric_ns, None
+        if target.startswith("node/"):
+            n = self.node(target.split("/", 1)[1])
+            return n.netns, n.cgroup
+        if target.count("/") == 1:
+            ns, name = target.split("/")
+            for f in (self.workdir / "nodes").glob("*/pods/*.json"):
+                try:
+                    st = json.loads(f.read_text())
+                except (OSError, ValueError):
+                    continue
+                if (st.get("namespace"), st.get("name")) == (ns, name):
+                    if st.get("host_network"):
+                        return st["netns"], self.node(st["node"]).cgroup
+                    return st["netns"], None
+            raise LabError(f"pod {target} is not running on a lab node")
+        raise LabError(f"bad target {target!r}: node/NAME, client, fabric or NAMESPACE/POD")
+
+    def exec_env(self) -> dict:
+        env = _env(str(self.workdir), {"KUBECONFIG": str(self.kubeconfig)})
+        env["PATH"] = f"{self.bin_dir}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+        return env
+
+    def exec_argv(self, target: str, argv: list[str]) -> tuple[list[str], Optional[str]]:
+        ns, cg = self.resolve_target(target)
+        if not netns_exists(ns):
+            raise LabError(f"network namespace {ns} does not exist (is the lab up?)")
+        return ["ip", "netns", "exec", ns, *argv], cg
+
+    def run_in(self, target: str, argv: list[str], **kw) -> subprocess.CompletedProcess:
+        """Run a command in a target's namespace (and cgroup) and wait for it."""
+        full, cg = self.exec_argv(target, argv)
+
+        def preexec() -> None:
+            if cg:
+                with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+                    f.write("0")
+
+        kw.setdefault("capture_output", True)
+        kw.setdefault("text", True)
+        return subprocess.run(full, env=self.exec_env(), preexec_fn=preexec, **kw)
+
+    def exec(self, target: str, argv: list[str]) -> None:
+        """Replace this process with *argv* in the target's namespace (and cgroup)."""
+        full, cg = self.exec_argv(target, argv)
+        if cg:
+            with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        os.execvpe(full[0], full, self.exec_env())

@@ -1,0 +1,324 @@
+"""The lab's network: node namespaces joined through a fabric bridge, an external
+client, per-pod namespaces with routed veths, and a cgroup v2 directory per node.
+
+::
+
+    kxlab-client (10.250.0.100) ─┐
+    kxlab-node-1  eth0 10.250.0.11 ─┼─ br0 in kxlab-fabric  (10.250.0.0/24)
+    kxlab-node-2  eth0 10.250.0.12 ─┘
+
+    inside node i (podCIDR 10.244.i.0/24, no bridge, plain L3 routing):
+      kxpXXXXXXXX  10.244.i.1/32 (the pods' gateway, the same on every pod veth)
+          │ veth, route 10.244.i.x/32 dev kxpXXXXXXXX
+      pod netns  eth0 10.244.i.x/32, default via 10.244.i.1 (covers the service CIDR)
+
+Node i routes the other nodes' podCIDRs via their InternalIP, and the service CIDR
+on-link through eth0 (a host-network process needs *a* route to connect to a
+ClusterIP before a proxy translates it). The client routes only the service CIDR, via
+node 1. Nothing has a default route, nothing is connected to the host's network
+namespace: lab traffic cannot leave the machine.
+
+Everything is named after the lab's *name* (default ``kxlab``), so two labs with
+different names can exist side by side, and ``destroy()`` finds every namespace of a
+lab by its prefix, also after a crash.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from kxlb.loader.netns import netns
+
+FABRIC_CIDR = "10.250.0.0/24"
+CLUSTER_CIDR = "10.244.0.0/16"
+SERVICE_CIDR = "10.96.0.0/16"
+CLIENT_HOST = 100          # 10.250.0.100
+NODE_HOST_BASE = 10        # node i: 10.250.0.(10+i)
+POD_VETH_PREFIX = "kxp"    # the controller attaches to eth0 and kxp*
+
+
+class LabNetError(RuntimeError):
+    pass
+
+
+def run(*args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+    r = subprocess.run(list(args), capture_output=True, text=True, input=input)
+    if check and r.returncode != 0:
+        raise LabNetError(f"`{' '.join(args)}` failed: {(r.stderr or r.stdout).strip()}")
+    return r
+
+
+def ip_batch(ns: str | None, commands: list[str]) -> None:
+    """Several `ip` commands in one process (``ip -n NS -batch -``)."""
+    argv = ["ip"] + (["-n", ns] if ns else []) + ["-batch", "-"]
+    run(*argv, input="\n".join(commands) + "\n")
+
+
+def netns_list() -> list[str]:
+    try:
+        return sorted(os.listdir("/var/run/netns"))
+    except FileNotFoundError:
+        return []
+
+
+def netns_exists(name: str) -> bool:
+    return os.path.exists(f"/var/run/netns/{name}")
+
+
+def sysctl(ns: str | None, values: dict[str, str]) -> None:
+    """Write sysctls as seen from *ns* (/proc/sys/net follows the writing thread's netns)."""
+    with netns(ns):
+        for key, val in values.items():
+            path = "/proc/sys/" + key.replace(".", "/")
+            try:
+                with open(path, "w") as f:
+                    f.write(val)
+            except FileNotFoundError:
+                if "ipv6" not in key:  # a kernel without IPv6: nothing to disable
+                    raise
+
+
+NO_IPV6 = {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"}
+ROUTER = {
+    "net.ipv4.ip_forward": "1",
+    "net.ipv4.conf.all.rp_filter": "0", "net.ipv4.conf.default.rp_filter": "0",
+    # node 1 forwards the client's service traffic back out of eth0 to another node:
+    # an ICMP redirect would teach the client to bypass it.
+    "net.ipv4.conf.all.send_redirects": "0", "net.ipv4.conf.default.send_redirects": "0",
+}
+
+
+def cgroup2_root() -> str:
+    """The cgroup v2 mount point (the unified hierarchy of a hybrid system, or /sys/fs/cgroup)."""
+    env = os.environ.get("KXLB_CGROUP2_ROOT")
+    if env:
+        return env
+    found = []
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 2 and parts[2] == "cgroup2":
+                found.append(parts[1])
+    for pref in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
+        if pref in found:
+            return pref
+    if found:
+        return found[0]
+    raise LabNetError("no cgroup v2 hierarchy is mounted (needed for the nodes' host-network cgroups)")
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str        # Kubernetes Node name == network namespace name
+    index: int       # 1-based
+    ip: str          # InternalIP on the fabric
+    pod_cidr: str
+    gateway: str     # first address of the podCIDR, on the node side of every pod veth
+    cgroup: str      # cgroup v2 dir for the node's host-network processes
+    pin_dir: str     # bpffs dir for the node's datapath
+    zone: str
+
+    @property
+    def netns(self) -> str:
+        return self.name
+
+
+@dataclass
+class Topology:
+    name: str = "kxlab"
+    nodes: int = 2
+    cgroup_root: str = field(default_factory=cgroup2_root)
+    bpffs: str = "/sys/fs/bpf"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.nodes <= 50:
+            raise ValueError("1 to 50 nodes")
+        if len(self.fabric_ns) > 64 or not self.name.replace("-", "").isalnum():
+            raise ValueError(f"bad lab name {self.name!r}")
+
+    # ---- names and addresses ------------------------------------------------------------
+    @property
+    def fabric_ns(self) -> str:
+        return f"{self.name}-fabric"
+
+    @property
+    def client_ns(self) -> str:
+        return f"{self.name}-client"
+
+    @property
+    def client_ip(self) -> str:
+        return str(ipaddress.ip_network(FABRIC_CIDR).network_address + CLIENT_HOST)
+
+    @property
+    def cgroup_dir(self) -> str:
+        return os.path.join(self.cgroup_root, self.name)
+
+    def node(self, i: int) -> NodeSpec:
+        name = f"{self.name}-node-{i}"
+        cidr = ipaddress.ip_network(CLUSTER_CIDR)
+        pod_cidr = ipaddress.ip_network(f"{cidr.network_address + (i << 8)}/24")
+        return NodeSpec(
+            name=name, index=i,
+            ip=str(ipaddress.ip_network(FABRIC_CIDR).network_address + NODE_HOST_BASE + i),
+            pod_cidr=str(pod_cidr), gateway=str(pod_cidr.network_address + 1),
+            cgroup=os.path.join(self.cgroup_dir, name), pin_dir=os.path.join(self.bpffs, name),
+            zone=f"zone-{i}",
+        )
+
+    @property
+    def node_specs(self) -> list[NodeSpec]:
+        return [self.node(i) for i in range(1, self.nodes + 1)]
+
+    def pod_netns(self, uid: str) -> str:
+        return f"{self.name}-pod-{uid.replace('-', '')[:8]}"
+
+    @staticmethod
+    def pod_veth(uid: str) -> str:
+        return f"{POD_VETH_PREFIX}{uid.replace('-', '')[:8]}"
+
+    def owned_netns(self) -> list[str]:
+        return [n for n in netns_list() if n.startswith(f"{self.name}-")]
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name, "fabric_netns": self.fabric_ns,
+            "client": {"netns": self.client_ns, "ip": self.client_ip,
+                       "routes": [f"{SERVICE_CIDR} via {self.node(1).ip}"]},
+            "nodes": [asdict(n) | {"netns": n.netns} for n in self.node_specs],
+            "cgroup_root": self.cgroup_root, "fabric_cidr": FABRIC_CIDR, "cluster_cidr": CLUSTER_CIDR,
+            "service_cidr": SERVICE_CIDR,
+        }
+
+    # ---- create / check / destroy ---------------------------------------------------------
+    def create(self) -> None:
+        """Build the fabric, the nodes, the client and the nodes' cgroups. Expects none of
+        them to exist (call ``destroy()`` first)."""
+        f = self.fabric_ns
+        self._add_ns(f)
+        ip_batch(f, ["link add br0 type bridge stp_state 0 mcast_snooping 0", "link set br0 up"])
+        prefix = ipaddress.ip_network(FABRIC_CIDR).prefixlen
+        for n in self.node_specs:
+            self._add_ns(n.netns, ROUTER)
+            self._fabric_port(f"port{n.index}", n.netns, f"{n.ip}/{prefix}")
+        for n in self.node_specs:
+            routes = [f"route add {o.pod_cidr} via {o.ip} dev eth0" for o in self.node_specs if o != n]
+            routes.append(f"route add {SERVICE_CIDR} dev eth0")
+            ip_batch(n.netns, routes)
+        self._add_ns(self.client_ns, {"net.ipv4.conf.all.accept_redirects": "0",
+                                      "net.ipv4.conf.default.accept_redirects": "0"})
+        self._fabric_port("portc", self.client_ns, f"{self.client_ip}/{prefix}")
+        ip_batch(self.client_ns, [f"route add {SERVICE_CIDR} via {self.node(1).ip} dev eth0"])
+        for n in self.node_specs:
+            os.makedirs(n.cgroup, exist_ok=True)
+
+    def _add_ns(self, ns: str, extra: dict[str, str] | None = None) -> None:
+        run("ip", "netns", "add", ns)
+        sysctl(ns, NO_IPV6 | (extra or {}))
+        ip_batch(ns, ["link set lo up"])
+
+    def _fabric_port(self, port: str, ns: str, addr: str) -> None:
+        ip_batch(self.fabric_ns, [f"link add {port} type veth peer name eth0 netns {ns}",
+                                  f"link set {port} master br0", f"link set {port} up"])
+        ip_batch(ns, [f"addr add {addr} dev eth0", "link set eth0 up"])
+
+    def problems(self) -> list[str]:
+        """What is missing from a built topology (empty list: intact)."""
+        out = []
+        have = set(netns_list())
+        for ns in [self.fabric_ns, self.client_ns] + [n.netns for n in self.node_specs]:
+            if ns not in have:
+                out.append(f"network namespace {ns} is missing")
+        for n in self.node_specs:
+            if n.netns in have and run("ip", "-n", n.netns, "link", "show", "eth0", check=False).returncode:
+                out.append(f"{n.netns}: eth0 is missing")
+            if not os.path.isdir(n.cgroup):
+                out.append(f"cgroup {n.cgroup} is missing")
+        return out
+
+    def destroy(self) -> list[str]:
+        """Remove every namespace whose name starts with the lab's prefix (nodes, fabric,
+        client, pods), the nodes' cgroups (killing what still runs in them). Idempotent."""
+        removed = []
+        for n in self.node_specs_from_disk():
+            if os.path.isdir(n):
+                kill_cgroup(n)
+                removed.append(n)
+        if os.path.isdir(self.cgroup_dir):
+            kill_cgroup(self.cgroup_dir)
+            removed.append(self.cgroup_dir)
+        for ns in self.owned_netns():
+            run("ip", "netns", "del", ns, check=False)
+            removed.append(ns)
+        return removed
+
+    def node_specs_from_disk(self) -> list[str]:
+        """Cgroup dirs of this lab's nodes, whatever the node count of the run that made them."""
+        try:
+            return [os.path.join(self.cgroup_dir, d) for d in sorted(os.listdir(self.cgroup_dir))
+                    if os.path.isdir(os.path.join(self.cgroup_dir, d))]
+        except FileNotFoundError:
+            return []
+
+    # ---- pods --------------------------------------------------------------------------------
+    def add_pod(self, node: NodeSpec, uid: str, ip: str) -> tuple[str, str]:
+        """A pod's netns and routed veth; returns (netns, node-side veth). Replaces leftovers."""
+        ns, veth = self.pod_netns(uid), self.pod_veth(uid)
+        self.del_pod(node, uid)
+        run("ip", "netns", "add", ns)
+        try:
+            sysctl(ns, NO_IPV6)
+            ip_batch(node.netns, [
+                f"link add {veth} type veth peer name eth0 netns {ns}",
+                f"addr add {node.gateway}/32 dev {veth}",
+                f"link set {veth} up",
+                f"route replace {ip}/32 dev {veth}",
+            ])
+            ip_batch(ns, [
+                "link set lo up",
+                f"addr add {ip}/32 dev eth0",
+                "link set eth0 up",
+                f"route add {node.gateway} dev eth0 scope link",
+                f"route add default via {node.gateway} dev eth0",
+            ])
+        except BaseException:
+            self.del_pod(node, uid)
+            raise
+        return ns, veth
+
+    def del_pod(self, node: NodeSpec, uid: str) -> None:
+        ns, veth = self.pod_netns(uid), self.pod_veth(uid)
+        if netns_exists(node.netns):
+            run("ip", "-n", node.netns, "link", "del", veth, check=False)
+        if netns_exists(ns):
+            run("ip", "netns", "del", ns, check=False)
+
+
+def kill_cgroup(path: str, timeout: float = 5.0) -> None:
+    """Kill every process in cgroup *path* and its children, then remove the dirs."""
+    for root, dirs, _ in os.walk(path, topdown=False):
+        procs = Path(root) / "cgroup.procs"
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                pids = [int(p) for p in procs.read_text().split()]
+            except FileNotFoundError:
+                pids = []
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if time.monotonic() > deadline:
+                raise LabNetError(f"processes {pids} in cgroup {root} survive SIGKILL")
+            time.sleep(0.05)
+        try:
+            os.rmdir(root)
+        except FileNotFoundError:
+            pass
