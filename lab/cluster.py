@@ -51,6 +51,8 @@ CONTROLLER_METRICS_BASE = 16500   # kxlb controller, host loopback
 KUBE_PROXY_METRICS_BASE = 16600   # inside the node's namespace
 KUBE_PROXY_HEALTHZ_BASE = 16700   # inside the node's namespace
 REPO = Path(__file__).resolve().parent.parent
+# Which work directory owns a lab name (its namespaces, cgroups, pins): /run/kxlb-lab/<name>.json.
+CLAIM_DIR = Path("/run/kxlb-lab")
 
 
 class LabError(RuntimeError):
@@ -289,11 +291,14 @@ class Lab:
             raise LabError("the lab needs root (network namespaces, cgroups, BPF)")
         t0 = time.monotonic()
         st = self.read_state()
-        if st and (st["topology"]["name"], len(st["topology"]["nodes"])) != (self.name, self.nodes):
-            if self.controlplane.status(probe=False)["components"][cpmod.APISERVER]["running"]:
-                raise LabError(f"the lab in {self.workdir} runs as {st['topology']['name']} with "
-                               f"{len(st['topology']['nodes'])} nodes; `kxlb lab down` first")
-        if st and self._try_repair():
+        running = bool(st) and st.get("state") != "down"
+        same = bool(st) and (st["topology"]["name"], len(st["topology"]["nodes"]), st.get("port_offset", 0)) == \
+            (self.name, self.nodes, self.port_offset)
+        if running and not same and \
+                ControlPlane.from_workdir(self.workdir).status(probe=False)["components"][cpmod.APISERVER]["running"]:
+            raise LabError(f"the lab in {self.workdir} runs as {st['topology']['name']} with "
+                           f"{len(st['topology']['nodes'])} nodes; `kxlb lab down` first")
+        if running and same and self._try_repair():
             self.log(f"already up ({self.workdir}); checked in {time.monotonic() - t0:.1f}s")
             return self
         if build and self._bin_dir is None:
@@ -302,6 +307,8 @@ class Lab:
             b for b in ("kubectl", "kube-proxy") if not os.access(self.bin_dir / b, os.X_OK)]
         if missing:
             raise LabError(f"missing binaries in {self.bin_dir}: {', '.join(missing)}; run {cpmod.BUILD_SH}")
+        if st and not same:  # what an earlier configuration left, under its own names
+            Lab.from_workdir(self.workdir, log=self.log).down(quiet=True)
         self.down(quiet=True)
         try:
             self._fresh_up(timeout)
@@ -315,11 +322,34 @@ class Lab:
         self.log(f"up in {time.monotonic() - t0:.1f}s; kubeconfig {self.kubeconfig}; proxy {self.proxy}")
         return self
 
+    def _claim_path(self) -> Path:
+        return CLAIM_DIR / f"{self.name}.json"
+
+    def _owner(self) -> Optional[str]:
+        """The other work directory whose lab of the same name is (or may be) running."""
+        try:
+            owner = json.loads(self._claim_path().read_text())["workdir"]
+        except (OSError, ValueError, KeyError):
+            return None
+        if owner == str(self.workdir):
+            return None
+        try:
+            st = json.loads((Path(owner) / "lab.json").read_text())
+        except (OSError, ValueError):
+            return None  # its work directory is gone: a stale claim
+        return owner if st.get("state") != "down" and st["topology"]["name"] == self.name else None
+
     def _fresh_up(self, timeout: float) -> None:
+        owner = self._owner()
+        if owner:
+            raise LabError(f"a lab named {self.name} runs from {owner}; `kxlb lab down --workdir {owner}` "
+                           f"first, or use another name")
         self.workdir.mkdir(parents=True, exist_ok=True)
+        CLAIM_DIR.mkdir(parents=True, exist_ok=True)
+        cpmod.pki.write_public(self._claim_path(), json.dumps({"workdir": str(self.workdir)}).encode())
         k8s_version = subprocess.run([str(self.bin_dir / "kube-apiserver"), "--version"], capture_output=True,
                                      text=True).stdout.split()[-1]
-        self._write_state({"proxy": "none", "k8s_version": k8s_version})
+        self._write_state({"proxy": "none", "k8s_version": k8s_version, "state": "up"})
         try:
             self.controlplane.up()
         except ControlPlaneError as exc:
@@ -553,19 +583,28 @@ class Lab:
         self._stop_roles(roles)
         self._kill({p: None for p in marked_pids(str(self.workdir))}, grace=2.0)
         try:
-            self.controlplane.down()
+            # As configured by its last up(): the interface and ports it really made.
+            ControlPlane.from_workdir(self.workdir, log=lambda m: self.log(f"controlplane: {m}")).down()
         except ControlPlaneError as exc:
             raise LabError(str(exc)) from None
-        # Pins of any node this lab ever had, also with another node count.
-        bpffs = self.topology.bpffs
-        if os.path.isdir(bpffs):
-            for d in os.listdir(bpffs):
-                if d.startswith(f"{self.name}-node-"):
-                    self._clear_bpf(NodeSpec(d, 0, "", "", "", "", os.path.join(bpffs, d), ""))
-        removed = self.topology.destroy()
+        removed: list[str] = []
+        owner = self._owner()
+        if owner:
+            self.log(f"the namespaces, cgroups and pins named {self.name}-* belong to the lab in {owner}: "
+                     f"left alone")
+        else:
+            # Pins of any node this lab ever had, also with another node count.
+            bpffs = self.topology.bpffs
+            if os.path.isdir(bpffs):
+                for d in os.listdir(bpffs):
+                    if d.startswith(f"{self.name}-node-"):
+                        self._clear_bpf(NodeSpec(d, 0, "", "", "", "", os.path.join(bpffs, d), ""))
+            removed = self.topology.destroy()
+            self._claim_path().unlink(missing_ok=True)
         self._kill({p: None for p in marked_pids(str(self.workdir))}, grace=2.0)
         shutil.rmtree(self.workdir / "nodes", ignore_errors=True)
-        self.state_file.unlink(missing_ok=True)
+        if self.read_state():
+            self._write_state({"state": "down", "proxy": "none"})  # keeps the lab's identity for later commands
         if purge:
             shutil.rmtree(self.workdir, ignore_errors=True)
         if not quiet or removed:
@@ -601,7 +640,7 @@ class Lab:
                     api.close()
             except Exception:  # noqa: BLE001
                 api_nodes = {}
-        healthy = bool(st) and bool(cp and cp["up"])
+        healthy = bool(st) and (st or {}).get("state") != "down" and bool(cp and cp["up"])
         for n in self.node_specs:
             agent = self._read_pid(f"agent-{n.name}")
             proxy = self._read_pid(f"proxy-{n.name}")

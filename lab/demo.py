@@ -18,7 +18,7 @@ import time
 from collections import Counter
 
 from . import kube
-from .client import tcp_connect, tcp_exchange, tcp_request, udp_request
+from .client import tcp_connect, tcp_exchange, udp_request
 from .cluster import DEFAULT_WORKDIR, Lab, LabError, http_get
 
 NS = "demo"
@@ -82,13 +82,18 @@ def run(workdir=DEFAULT_WORKDIR, proxy: str = "kxlb", requests: int = 6, replica
 
     client_ns = lab.resolve_target(f"{NS}/client")[0]
     time.sleep(1.0 if mode == "kube-proxy" else 0.3)  # the proxies' first sync after the EndpointSlice
-    for proto, send in (("tcp", lambda: tcp_request(client_ns, vip, 80, "hello")),
-                        ("udp", lambda: udp_request(client_ns, vip, 80, "hello")),
-                        ("http", lambda: (http_get(vip, 8000, "/", ns=client_ns)[1], None))):
+
+    def tcp(ns: str) -> str:
+        with tcp_connect(ns, vip, 80, timeout=1.0) as s:
+            return tcp_exchange(s, "hello")
+
+    for proto, send in (("tcp", lambda: tcp(client_ns)),
+                        ("udp", lambda: udp_request(client_ns, vip, 80, "hello", timeout=1.0)[0]),
+                        ("http", lambda: http_get(vip, 8000, "/", ns=client_ns, timeout=1.0)[1])):
         seen = Counter()
         for i in range(requests):
             try:
-                who = send()[0].split()[0]
+                who = send().split()[0]
                 seen[who] += 1
                 print(f"  pod demo/client -> {vip}:{8000 if proto == 'http' else 80}/{proto} #{i}: "
                       f"answered by {who} (on {node_of.get(who, '?')})")
@@ -102,8 +107,7 @@ def run(workdir=DEFAULT_WORKDIR, proxy: str = "kxlb", requests: int = 6, replica
     seen, lost = Counter(), 0
     for i in range(requests):
         try:
-            with tcp_connect(lab.client_ns, vip, 80, timeout=1.0) as s:
-                who = tcp_exchange(s, "hello").split()[0]
+            who = tcp(lab.client_ns).split()[0]
             seen[who] += 1
             print(f"  client #{i}: answered by {who} (on {node_of.get(who, '?')})")
         except OSError as exc:
@@ -113,9 +117,10 @@ def run(workdir=DEFAULT_WORKDIR, proxy: str = "kxlb", requests: int = 6, replica
     if mode == "kube-proxy":
         print("  (kube-proxy masquerades ClusterIP traffic from outside the cluster CIDR, so every pod can answer)")
     elif lost:
-        print(f"  A ClusterIP is not meant to be reachable from outside the cluster. Here the client routes it via "
-              f"{entry.name}; without SNAT ({mode}), a pod on another node answers the client directly, not "
-              f"through {entry.name}, so the client drops the reply: only pods on {entry.name} answer.")
+        print(f"  A ClusterIP is not meant to be reachable from outside the cluster. The client routes it via "
+              f"{entry.name}; when the proxy ({mode}) does not SNAT that traffic, a pod on another node answers "
+              f"the client directly, not through {entry.name}, and the client drops the reply: only pods on "
+              f"{entry.name} answer.")
     kc = lab.kubeconfig
     wd = f" --workdir {lab.workdir}" if str(lab.workdir) != str(DEFAULT_WORKDIR) else ""
     print(f"""

@@ -61,8 +61,11 @@ def cmd_status(a) -> None:
         json.dump(st, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     else:
-        if not lab.read_state():
+        state = lab.read_state()
+        if not state:
             print(f"no lab in {lab.workdir}")
+        elif state.get("state") == "down":
+            print(f"lab {lab.name} in {lab.workdir} is down")
         else:
             print(f"lab {lab.name}: {'up' if st['up'] else 'NOT healthy'}; proxy {st['proxy']}; "
                   f"kubeconfig {st['kubeconfig']}")
@@ -99,8 +102,8 @@ def cmd_kubectl(a) -> None:
 
 def cmd_proxy(a) -> None:
     lab = _lab(a)
-    if not lab.read_state():
-        raise LabError(f"no lab in {lab.workdir}: `kxlb lab up` first")
+    if (lab.read_state() or {}).get("state") != "up":
+        raise LabError(f"no lab runs in {lab.workdir}: `kxlb lab up` first")
     print(f"proxy: {lab.set_proxy(a.mode)}")
 
 

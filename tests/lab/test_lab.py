@@ -13,7 +13,7 @@ import pytest
 
 from kxlb.lab import kube
 from kxlb.lab.client import tcp_request, udp_request
-from kxlb.lab.cluster import http_get, netns_exists
+from kxlb.lab.cluster import Lab, LabError, http_get, netns_exists
 from kxlb.lab.controlplane import APISERVER
 
 pytestmark = pytest.mark.timeout(240)
@@ -146,6 +146,15 @@ def test_kubectl_status_and_exec(lab):
     assert f"{lab.client_ip}/24" in r.stdout, r.stderr
     r = subprocess.run(kxlb + ["exec"] + wd + ["node/nope", "--", "true"], capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.startswith("kxlb: error: no node 'nope'"), r.stderr
+
+
+def test_another_workdir_never_touches_a_running_lab(lab, tmp_path):
+    other = Lab(tmp_path / "other", name=lab.name, port_offset=lab.port_offset + 500, log=print)
+    other.down()  # no lab there: must not remove the namespaces, cgroups, pins of ours
+    with pytest.raises(LabError, match=f"a lab named {lab.name} runs from {lab.workdir}"):
+        other.up(build=False)
+    assert lab.topology.problems() == []
+    assert lab.status()["up"]
 
 
 def test_agent_restart_adopts_running_pods(lab, k8s):

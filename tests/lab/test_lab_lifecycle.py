@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from kxlb.lab.cluster import MARKER_ENV, marked_pids
+from kxlb.lab.cluster import MARKER_ENV, Lab, marked_pids
 from kxlb.lab.controlplane import MARKER_ENV as CP_MARKER, _marked_pids, _port_busy
 from kxlb.lab.nodes import netns_list
 
@@ -78,5 +78,6 @@ def test_lab_up_and_down_twice_leaves_nothing(lab):
         p.wait(timeout=10)
     assert _leftovers(lab) == []
     r = _kxlb("lab", "status", *wd, check=False)
-    assert r.returncode == 3
+    assert r.returncode == 3 and "is down" in r.stdout
+    assert Lab.from_workdir(lab.workdir).name == lab.name  # down keeps the lab's identity
     _kxlb("lab", "down", *wd)  # idempotent
