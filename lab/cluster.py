@@ -319,6 +319,7 @@ class Lab:
             except Exception as exc:  # noqa: BLE001 - keep the original error
                 self.log(f"cleanup failed too: {exc}")
             raise
+        self._start_proxy(timeout)
         self.log(f"up in {time.monotonic() - t0:.1f}s; kubeconfig {self.kubeconfig}; proxy {self.proxy}")
         return self
 
@@ -360,7 +361,6 @@ class Lab:
         for n in self.node_specs:
             self._start_agent(n)
         self._wait_nodes(timeout)
-        self.set_proxy(self.proxy_requested, timeout=timeout)
 
     def _write_state(self, extra: dict) -> None:
         st = self.read_state() or {}
@@ -380,6 +380,14 @@ class Lab:
         st.update(extra)
         cpmod.pki.write_public(self.state_file, (json.dumps(st, indent=2) + "\n").encode())
 
+    def _start_proxy(self, timeout: float) -> None:
+        """set_proxy(requested); a proxy that fails leaves the lab up without one."""
+        try:
+            self.set_proxy(self.proxy_requested, timeout=timeout)
+        except LabError as exc:
+            raise LabError(f"{exc}\nThe lab stays up without a service proxy; after a fix: "
+                           f"kxlb lab proxy --workdir {self.workdir} {self.proxy_requested}") from None
+
     def _try_repair(self) -> bool:
         """True if the running lab is (now) complete: control plane healthy, network intact;
         dead agents and proxies are restarted. False: it has to be rebuilt."""
@@ -398,9 +406,9 @@ class Lab:
         self._wait_nodes(60)
         st = self.read_state() or {}
         want = self.proxy_requested
-        if st.get("proxy_requested") != want or any(not self._read_pid(f"proxy-{n.name}") for n in self.node_specs
-                                                    if st.get("proxy") != "none"):
-            self.set_proxy(want)
+        if st.get("proxy") != want or (want != "none" and any(not self._read_pid(f"proxy-{n.name}")
+                                                              for n in self.node_specs)):
+            self._start_proxy(120)
         return True
 
     # ---- pod agents ------------------------------------------------------------------------------

@@ -48,12 +48,13 @@ def program_standalone(lab: Lab, vip: str, pods: list[dict]) -> None:
               f"{', '.join(ips)} (pins in {n.pin_dir})")
 
 
-def run(workdir=DEFAULT_WORKDIR, proxy: str = "kxlb", requests: int = 6, replicas: int = 3,
+def run(workdir=DEFAULT_WORKDIR, proxy: str | None = None, requests: int = 6, replicas: int = 3,
         build: bool = True) -> None:
-    lab = Lab.from_workdir(workdir, proxy=proxy)
+    """*proxy* None: the running lab's, else kxlb."""
+    lab = Lab.from_workdir(workdir, **({"proxy": proxy} if proxy else {}))
     lab.up(build=build)
     mode = lab.proxy
-    if proxy == "kxlb" and mode != "kxlb":
+    if lab.proxy_requested == "kxlb" and mode != "kxlb":
         print("note: `kxlb controller` is not available; the demo programs the standalone datapath itself\n")
     api = lab.api_client()
     try:

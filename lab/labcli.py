@@ -44,8 +44,9 @@ def _summary(lab: Lab) -> str:
 
 
 def cmd_up(a) -> None:
-    lab = _lab(a, nodes=a.nodes, proxy=a.proxy, **({"name": a.name} if a.name else {}),
-               **({"port_offset": a.port_offset} if a.port_offset is not None else {}))
+    kw = {k: v for k, v in (("nodes", a.nodes), ("proxy", a.proxy), ("name", a.name),
+                            ("port_offset", a.port_offset)) if v is not None}
+    lab = _lab(a, **kw)
     lab.up(build=not a.no_build, timeout=a.timeout)
     print(_summary(lab))
 
@@ -136,10 +137,10 @@ def register(sub) -> None:
         return c
 
     c = add("up", cmd_up, "bring the lab up (idempotent); builds the Kubernetes binaries if needed")
-    c.add_argument("--nodes", type=int, default=2, help="number of lab nodes (default %(default)s)")
-    c.add_argument("--proxy", choices=PROXIES, default="kxlb",
-                   help="service proxy on every node (default %(default)s; kxlb falls back to none when "
-                        "`kxlb controller` is missing)")
+    c.add_argument("--nodes", type=int, help="number of lab nodes (default: the running lab's, else 2)")
+    c.add_argument("--proxy", choices=PROXIES,
+                   help="service proxy on every node (default: the running lab's, else kxlb; kxlb falls back "
+                        "to none when `kxlb controller` is missing)")
     c.add_argument("--no-build", action="store_true", help="do not run lab/k8s/build.sh")
     c.add_argument("--timeout", type=float, default=180, help="seconds to wait for readiness (default %(default)s)")
     c.add_argument("--name", help=argparse.SUPPRESS)          # a second lab beside the first (tests)
@@ -164,7 +165,8 @@ def register(sub) -> None:
 
     c = add("demo", cmd_demo, "lab up, a Deployment of echo pods behind a ClusterIP Service, traffic from "
                               "a pod and from the external client; leaves the lab running")
-    c.add_argument("--proxy", choices=PROXIES, default="kxlb", help="default %(default)s (falls back to none)")
+    c.add_argument("--proxy", choices=PROXIES,
+                   help="default: the running lab's, else kxlb (falls back to none without `kxlb controller`)")
     c.add_argument("--requests", type=int, default=6, help="requests from each client (default %(default)s)")
     c.add_argument("--replicas", type=int, default=3)
     c.add_argument("--no-build", action="store_true")
