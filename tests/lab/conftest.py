@@ -10,6 +10,13 @@
   ``set_ready()``, ``endpoints()``, ``delete_pod()``.
 - ``kube_proxy``: the session lab with the real kube-proxy (nftables) on every node for
   the duration of the test; back to ``none`` afterwards.
+- ``with_proxy``: a function ``with_proxy("kxlb" | "kube-proxy" | "none") -> Lab`` that
+  switches the session lab's proxy for this test (fails, never skips, if ``kxlb`` is
+  not available); back to ``none`` afterwards. For differential tests::
+
+      @pytest.mark.parametrize("proxy", ["kube-proxy", "kxlb"])
+      def test_x(with_proxy, k8s, proxy):
+          lab = with_proxy(proxy)
 
 Tests marked ``lab_lifecycle`` tear the session lab down: they run last.
 
@@ -91,4 +98,15 @@ def k8s(api, namespace) -> kube.Namespace:
 def kube_proxy(lab) -> Lab:
     lab.set_proxy("kube-proxy")
     yield lab
+    lab.set_proxy("none")
+
+
+@pytest.fixture
+def with_proxy(lab):
+    def use(mode: str) -> Lab:
+        actual = lab.set_proxy(mode)
+        if actual != mode:
+            pytest.fail(f"proxy {mode} is not available (the lab fell back to {actual})")
+        return lab
+    yield use
     lab.set_proxy("none")
