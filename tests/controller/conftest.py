@@ -33,7 +33,7 @@ def cp():
                          advertise_address="10.254.0.4", controllers="*,-nodeipam,-nodelifecycle")
     plane.up()
     yield plane
-    plane.down(purge=True)
+    plane.down()  # logs stay in WORKDIR/logs; the next up() starts afresh
 
 
 @pytest.fixture(scope="session")
