@@ -95,7 +95,7 @@ static __always_inline int lb_process(void *data, void *data_end, __u32 len, str
 	struct svc_value *svp;
 	__u64 now;
 
-	switch (parse_ipv4(data, data_end, &p)) {
+	switch (parse_ipv4(data, data_end, len, &p)) {
 	case PARSE_OK:
 		break;
 	case PARSE_NOT_IPV4:

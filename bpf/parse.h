@@ -36,7 +36,9 @@ struct pkt {
 	__u8   icmp_type;
 };
 
-static __always_inline int parse_ipv4(void *data, void *data_end, struct pkt *p)
+/* `len` is the packet's full length: at tc the payload may lie outside the linear
+ * area that data..data_end covers (only the headers need to be there). */
+static __always_inline int parse_ipv4(void *data, void *data_end, __u32 len, struct pkt *p)
 {
 	struct ethhdr *eth = data;
 	struct iphdr *ip;
@@ -57,8 +59,7 @@ static __always_inline int parse_ipv4(void *data, void *data_end, struct pkt *p)
 	tot_len = bpf_ntohs(ip->tot_len);
 	/* The IP header (options included) must be all there, and the datagram must not
 	 * claim more bytes than arrived (trailing Ethernet padding is fine). */
-	if ((void *)ip + ihl_bytes > data_end || tot_len < ihl_bytes ||
-	    (void *)ip + tot_len > data_end)
+	if ((void *)ip + ihl_bytes > data_end || tot_len < ihl_bytes || tot_len > len - ETH_HLEN_)
 		return PARSE_MALFORMED;
 
 	p->l3_off = ETH_HLEN_;

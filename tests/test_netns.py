@@ -142,3 +142,15 @@ def test_injected_frame_arrives_rewritten_at_the_backend(lab):
 def _mac_of(ns: str, iface: str) -> bytes:
     out = subprocess.run(["ip", "-n", ns, "-br", "link", "show", iface], capture_output=True, text=True).stdout
     return bytes.fromhex(out.split()[2].replace(":", ""))
+
+
+def test_large_payloads_are_translated_whole(lab):
+    """Payloads beyond the skb's linear head (and GSO-sized TCP writes) still go through
+    the VIP: the parser judges a datagram's length by the packet's, not the head's."""
+    line = "x" * 60000
+    conn = tcp_connect(lab.client, VIP, PORT)
+    with conn:
+        reply = tcp_exchange(conn, line)
+    assert reply.split(" ", 1)[1] == line
+    reply, src = udp_request(lab.client, VIP, PORT, "y" * 1400)
+    assert src == (VIP, PORT) and reply.split(" ", 1)[1] == "y" * 1400
