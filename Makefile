@@ -3,10 +3,11 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test bench lint clean help
+.PHONY: setup demo standalone-demo test bench lint clean help
 
 help:
-	@echo "make demo    - standalone demo: namespaces, real servers, traffic through a VIP"
+	@echo "make demo    - the Kubernetes lab (real control plane, 2 netns nodes, kxlb controller) and traffic"
+	@echo "make standalone-demo - the datapath alone: namespaces, real servers, traffic through a VIP"
 	@echo "make test    - the test suite (root; needs BPF)"
 	@echo "make bench   - datapath microbenchmark (BPF_PROG_TEST_RUN)"
 	@echo "make setup   - install everything this project needs (idempotent)"
@@ -15,6 +16,9 @@ setup:
 	@bash scripts/setup.sh
 
 demo: setup
+	$(VENV)/bin/kxlb lab demo
+
+standalone-demo: setup
 	$(VENV)/bin/kxlb demo
 
 test: setup
@@ -22,6 +26,7 @@ test: setup
 
 bench: setup
 	$(PY) bench/prog_run.py
+	$(PY) bench/controller.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
