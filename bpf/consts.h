@@ -37,12 +37,13 @@
 #define KXLB_CT_F_FIN_FWD        0x02    /* client sent FIN */
 #define KXLB_CT_F_FIN_REV        0x04    /* backend sent FIN */
 #define KXLB_CT_F_RST            0x08    /* either side sent RST */
+#define KXLB_CT_F_SNAT           0x10    /* masqueraded: the client's address is replaced too */
 
 /* Datapath counters (index into dp_stats). */
 #define KXLB_ST_PASS             0       /* not ours: passed untouched */
 #define KXLB_ST_NOT_IPV4         1       /* not IPv4 over Ethernet: passed untouched */
 #define KXLB_ST_MALFORMED        2       /* truncated / malformed IPv4: passed untouched */
-#define KXLB_ST_NEW_FLOW         3       /* new flow to a service: backend chosen */
+#define KXLB_ST_NEW_FLOW         3       /* new flow to a service: backend chosen, not masqueraded */
 #define KXLB_ST_CT_FWD           4       /* client packet of a tracked flow */
 #define KXLB_ST_CT_REV           5       /* backend packet of a tracked flow: reverse NAT */
 #define KXLB_ST_ICMP_NAT         6       /* ICMP error about a tracked flow translated */
@@ -51,9 +52,14 @@
 #define KXLB_ST_NO_BACKEND       9       /* service without backends: dropped */
 #define KXLB_ST_SLOT_RETRY       10      /* backend slot vanished under a swap: retried */
 #define KXLB_ST_CT_FULL          11      /* conntrack insert failed: dropped */
+#define KXLB_ST_SNAT             12      /* new flow, masqueraded (hairpin or from outside) */
+#define KXLB_ST_SNAT_NO_PORT     13      /* no free masquerade port: dropped */
 #define KXLB_ST_MAX              16
 
-/* Per-service counters (struct svc_counters fields), index = svc_id. */
+/* Masquerade: source ports tried when the client's own port is taken on the SNAT
+ * address (a hash picks them in [32768, 65535]). */
+#define KXLB_SNAT_PORT_TRIES     4
+#define KXLB_SNAT_PORT_MIN       32768
 
 /* Hash seed for backend selection. Any fixed value: every node must agree, so a flow
  * that moves between nodes (ECMP change) still picks the same backend. */

@@ -68,19 +68,21 @@ static __always_inline int ct_usable(const struct ct_entry *e, const struct pkt 
 static __always_inline void ct_peer_key(const struct ct_key *k, const struct ct_entry *e,
 					struct ct_key *peer)
 {
+	__u8 snat = e->flags & KXLB_CT_F_SNAT;
+
 	peer->proto = k->proto;
 	peer->pad = 0;
 	if (k->dir == KXLB_CT_DIR_FWD) {
-		/* FWD client->VIP, nat = backend  =>  REV backend->client */
+		/* FWD client->VIP, nat = backend  =>  REV backend->client (or ->snat) */
 		peer->saddr = e->nat_addr;
 		peer->sport = e->nat_port;
-		peer->daddr = k->saddr;
-		peer->dport = k->sport;
+		peer->daddr = snat ? e->snat_addr : k->saddr;
+		peer->dport = snat ? e->snat_port : k->sport;
 		peer->dir = KXLB_CT_DIR_REV;
 	} else {
-		/* REV backend->client, nat = VIP  =>  FWD client->VIP */
-		peer->saddr = k->daddr;
-		peer->sport = k->dport;
+		/* REV backend->client (or ->snat), nat = VIP  =>  FWD client->VIP */
+		peer->saddr = snat ? e->snat_addr : k->daddr;
+		peer->sport = snat ? e->snat_port : k->dport;
 		peer->daddr = e->nat_addr;
 		peer->dport = e->nat_port;
 		peer->dir = KXLB_CT_DIR_FWD;
@@ -119,11 +121,15 @@ static __always_inline void ct_touch(const struct ct_key *k, struct ct_entry *e,
 	}
 }
 
-/* Track a new flow: FWD then REV. Returns 0, or -1 when the table refused an entry. */
+/* Track a new flow: FWD then REV. With `snat_addr` set, the flow is masqueraded: the
+ * REV entry is keyed on snat_addr and a source port free there (the client's own if
+ * possible, else one of a few hashed ones), which the FWD entry records. Returns 0, or
+ * -1 when the table refused an entry, -2 when no masquerade port was free. */
 static __always_inline int ct_create(struct ct_key *fk, const struct pkt *p,
-				     const struct backend *be, __u32 svc_id, __u64 now)
+				     const struct backend *be, __u32 svc_id, __u64 now,
+				     __be32 snat_addr, __u32 hash, struct ct_entry *out)
 {
-	__u8 flags = ct_flags_of(p, KXLB_CT_DIR_FWD);
+	__u8 flags = ct_flags_of(p, KXLB_CT_DIR_FWD) | (snat_addr ? KXLB_CT_F_SNAT : 0);
 	struct ct_entry fe = {
 		.expires_ns = now + ct_lifetime_ns(p->proto, flags),
 		.nat_addr = be->addr,
@@ -131,19 +137,44 @@ static __always_inline int ct_create(struct ct_key *fk, const struct pkt *p,
 		.flags = flags,
 		.svc_id = svc_id,
 		.created_s = now / NSEC_PER_SEC_,
+		.snat_addr = snat_addr,
+		.snat_port = fk->sport,
 	};
 	struct ct_entry re = fe;
 	struct ct_key rk = {};
+	int i;
 
 	re.nat_addr = fk->daddr;
 	re.nat_port = fk->dport;
-	ct_peer_key(fk, &fe, &rk);
-	if (ct_map.update(fk, &fe) != 0)
-		return -1;
-	if (ct_map.update(&rk, &re) != 0) {
-		ct_map.delete(fk);
+	re.snat_addr = fk->saddr;
+	re.snat_port = fk->sport;
+	if (!snat_addr) {
+		ct_peer_key(fk, &fe, &rk);
+		if (ct_map.update(&rk, &re) != 0)
+			return -1;
+	} else {
+		for (i = 0; i < KXLB_SNAT_PORT_TRIES; i++) {
+			if (i > 0)
+				fe.snat_port = bpf_htons(KXLB_SNAT_PORT_MIN +
+							 (hash + i * 7919) % (65536 - KXLB_SNAT_PORT_MIN));
+			ct_peer_key(fk, &fe, &rk);
+			if (ct_map.insert(&rk, &re) == 0)
+				break;
+			/* taken: unless by an expired flow, try another port */
+			struct ct_entry *old = ct_map.lookup(&rk);
+			if (old && old->expires_ns <= now) {
+				ct_map.update(&rk, &re);
+				break;
+			}
+		}
+		if (i == KXLB_SNAT_PORT_TRIES)
+			return -2;
+	}
+	if (ct_map.update(fk, &fe) != 0) {
+		ct_map.delete(&rk);
 		return -1;
 	}
+	*out = fe;
 	return 0;
 }
 

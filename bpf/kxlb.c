@@ -43,13 +43,13 @@ enum lb_verdict {
 	LB_DROP,
 };
 
-/* First fragment of a translated datagram: remember the new address for the rest. */
+/* First fragment of a translated datagram: remember the new addresses for the rest. */
 static __always_inline void frag_remember(const struct pkt *p, const struct nat_plan *n)
 {
 	if (!p->frag)
 		return;
 	struct frag_key fk = {.saddr = p->saddr, .daddr = p->daddr, .id = p->ip_id, .proto = p->proto};
-	struct frag_value fv = {.new_addr = n->new_addr, .dir = n->dst ? KXLB_CT_DIR_FWD : KXLB_CT_DIR_REV};
+	struct frag_value fv = {.saddr = n->saddr_new, .daddr = n->daddr_new};
 	frag_map.update(&fk, &fv);
 }
 
@@ -64,16 +64,49 @@ static __always_inline int frag_follow(const struct pkt *p, struct nat_plan *n)
 		stat_inc(KXLB_ST_FRAG_UNKNOWN);
 		return LB_PASS;
 	}
-	n->l3_off = p->l3_off;
-	n->l4_off = p->l4_off;
-	n->proto = p->proto;
-	n->dst = fv->dir == KXLB_CT_DIR_FWD;
-	n->l4 = 0;
-	n->old_addr = n->dst ? p->daddr : p->saddr;
-	n->new_addr = fv->new_addr;
-	n->old_port = n->new_port = 0;
+	nat_plan_init(n, p); /* a later fragment: l4 = 0, addresses only */
+	n->saddr_new = fv->saddr;
+	n->daddr_new = fv->daddr;
 	stat_inc(KXLB_ST_FRAG_NAT);
 	return LB_NAT;
+}
+
+/* The address to masquerade a new flow to, or 0: kube-proxy's rules (hairpin, or a
+ * client from outside the cluster CIDR) when the controller configured an address. */
+static __always_inline __be32 masquerade_addr(const struct pkt *p, const struct backend *be)
+{
+	__u32 zero = 0;
+	struct lb_config *cfg = cfg_map.lookup(&zero);
+
+	if (!cfg || !cfg->snat_addr)
+		return 0;
+	if (p->saddr == be->addr)
+		return cfg->snat_addr;                              /* hairpin */
+	if (cfg->cluster_mask && (p->saddr & cfg->cluster_mask) != cfg->cluster_cidr)
+		return cfg->snat_addr;                              /* from outside */
+	return 0;
+}
+
+/* The rewrite a conntrack entry prescribes for a packet of its direction. */
+static __always_inline void ct_plan(__u8 dir, const struct ct_entry *e, const struct pkt *p,
+				    struct nat_plan *n)
+{
+	nat_plan_init(n, p);
+	if (dir == KXLB_CT_DIR_FWD) {
+		n->daddr_new = e->nat_addr;       /* to the backend */
+		n->dport_new = e->nat_port;
+		if (e->flags & KXLB_CT_F_SNAT) {  /* from the masquerade address */
+			n->saddr_new = e->snat_addr;
+			n->sport_new = e->snat_port;
+		}
+	} else {
+		n->saddr_new = e->nat_addr;       /* from the VIP */
+		n->sport_new = e->nat_port;
+		if (e->flags & KXLB_CT_F_SNAT) {  /* to the real client */
+			n->daddr_new = e->snat_addr;
+			n->dport_new = e->snat_port;
+		}
+	}
 }
 
 /* Translate a packet of a tracked flow with its conntrack entry. */
@@ -81,7 +114,7 @@ static __always_inline int ct_translate(const struct ct_key *k, struct ct_entry 
 					const struct pkt *p, __u64 now, struct nat_plan *n)
 {
 	ct_touch(k, e, p, now);
-	nat_plan_fill(n, p, k->dir == KXLB_CT_DIR_FWD, e->nat_addr, e->nat_port);
+	ct_plan(k->dir, e, p, n);
 	svc_account(e->svc_id, k->dir, p->len, 0);
 	stat_inc(k->dir == KXLB_CT_DIR_FWD ? KXLB_ST_CT_FWD : KXLB_ST_CT_REV);
 	frag_remember(p, n);
@@ -144,13 +177,16 @@ static __always_inline int lb_process(void *data, void *data_end, __u32 len, str
 		}
 		if (!now)
 			now = bpf_ktime_get_ns();
-		if (ct_create(&k, &p, &be, sv.svc_id, now) < 0) {
-			stat_inc(KXLB_ST_CT_FULL);
+		__be32 snat = masquerade_addr(&p, &be);
+		struct ct_entry fe;
+		int err = ct_create(&k, &p, &be, sv.svc_id, now, snat, p.sport ^ p.saddr, &fe);
+		if (err < 0) {
+			stat_inc(err == -2 ? KXLB_ST_SNAT_NO_PORT : KXLB_ST_CT_FULL);
 			return LB_DROP;
 		}
-		nat_plan_fill(n, &p, 1, be.addr, be.port);
+		ct_plan(KXLB_CT_DIR_FWD, &fe, &p, n); /* as the entry just written says */
 		svc_account(sv.svc_id, KXLB_CT_DIR_FWD, len, 1);
-		stat_inc(KXLB_ST_NEW_FLOW);
+		stat_inc(snat ? KXLB_ST_SNAT : KXLB_ST_NEW_FLOW);
 		frag_remember(&p, n);
 		return LB_NAT;
 	}

@@ -66,7 +66,10 @@ struct ct_key {
 
 /* ct_map value. The translation is stored in the entry itself (not a backend id), so a
  * flow keeps working when its backend leaves the service or the service is deleted, as
- * Linux conntrack does under kube-proxy. */
+ * Linux conntrack does under kube-proxy. A masqueraded flow (KXLB_CT_F_SNAT) also
+ * replaces the client's address: FWD packets leave with snat_addr:snat_port as their
+ * source, and REV packets go back to the client at snat_addr:snat_port. Its REV entry
+ * is keyed backend -> snat_addr:snat_port. */
 struct ct_entry {
 	__u64  expires_ns; /* CLOCK_MONOTONIC deadline (bpf_ktime_get_ns) */
 	__be32 nat_addr;   /* FWD: backend address; REV: VIP */
@@ -75,6 +78,9 @@ struct ct_entry {
 	__u8   pad;
 	__u32  svc_id;     /* for per-service counters */
 	__u32  created_s;  /* creation time, seconds of CLOCK_MONOTONIC (for `kxlb conntrack`) */
+	__be32 snat_addr;  /* KXLB_CT_F_SNAT: FWD: masquerade address; REV: the client */
+	__be16 snat_port;  /*   FWD: masquerade port; REV: the client's port */
+	__u16  pad2;
 };
 
 /* frag_map: lets non-first fragments (which carry no ports) follow their first
@@ -88,9 +94,20 @@ struct frag_key {
 };
 
 struct frag_value {
-	__be32 new_addr;   /* replacement for daddr (dir FWD) or saddr (dir REV) */
-	__u8   dir;        /* KXLB_CT_DIR_* */
-	__u8   pad[3];
+	__be32 saddr;      /* the first fragment's new source and destination */
+	__be32 daddr;
+};
+
+/* cfg_map (one entry, written by the controller): when to masquerade, as kube-proxy
+ * does. A new flow is masqueraded to snat_addr when the client is the chosen backend
+ * itself (hairpin), or when it comes from outside cluster_cidr (so the reply comes
+ * back through this node). snat_addr 0: never. cluster_mask 0: no cluster CIDR known,
+ * only hairpin. */
+struct lb_config {
+	__be32 snat_addr;
+	__be32 cluster_cidr;
+	__be32 cluster_mask;
+	__u32  flags;      /* reserved */
 };
 
 /* sock_rev: socket-level translation (sock.c) of host processes. Which VIP:port a
@@ -140,6 +157,7 @@ BPF_TABLE_PINNED("percpu_array", __u32, __u64, dp_stats,
 		 KXLB_ST_MAX, KXLB_PIN_DIR "/dp_stats");
 BPF_TABLE_PINNED("lru_hash", struct sock_rev_key, struct sock_rev_value, sock_rev,
 		 KXLB_CT_ENTRIES, KXLB_PIN_DIR "/sock_rev");
+BPF_TABLE_PINNED("array", __u32, struct lb_config, cfg_map, 1, KXLB_PIN_DIR "/config");
 #endif /* KXLB_DATAPATH */
 
 #endif

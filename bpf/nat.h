@@ -13,60 +13,63 @@
 
 #define OFF_(type, field) __builtin_offsetof(type, field)
 
+/* What to write into a packet: new source and destination (address and port). Fields
+ * whose new value equals the old cost nothing. */
 struct nat_plan {
 	__u32  l3_off;
 	__u32  l4_off;
-	__be32 old_addr;
-	__be32 new_addr;
-	__be16 old_port;
-	__be16 new_port;
+	__be32 saddr_old, saddr_new;
+	__be32 daddr_old, daddr_new;
+	__be16 sport_old, sport_new;
+	__be16 dport_old, dport_new;
 	__u8   proto;
-	__u8   dst;        /* 1: rewrite destination (to backend); 0: source (back to VIP) */
-	__u8   l4;         /* 1: port and L4 checksum too; 0: address only (later fragment) */
-	__u8   pad;
+	__u8   l4;         /* 1: ports and L4 checksum too; 0: addresses only (later fragment) */
+	__u8   pad[2];
 };
 
-static __always_inline void nat_plan_fill(struct nat_plan *n, const struct pkt *p, __u8 dst,
-					  __be32 new_addr, __be16 new_port)
+/* Start a plan that changes nothing. */
+static __always_inline void nat_plan_init(struct nat_plan *n, const struct pkt *p)
 {
 	n->l3_off = p->l3_off;
 	n->l4_off = p->l4_off;
 	n->proto = p->proto;
-	n->dst = dst;
-	n->l4 = 1;
-	n->old_addr = dst ? p->daddr : p->saddr;
-	n->old_port = dst ? p->dport : p->sport;
-	n->new_addr = new_addr;
-	n->new_port = new_port;
+	n->l4 = p->first_frag;
+	n->saddr_old = n->saddr_new = p->saddr;
+	n->daddr_old = n->daddr_new = p->daddr;
+	n->sport_old = n->sport_new = p->sport;
+	n->dport_old = n->dport_new = p->dport;
 }
 
-/* tc: the L4 checksum through the helpers (they know CHECKSUM_PARTIAL/COMPLETE), then
- * the IP checksum, address and port written directly: cheaper than more helper calls.
- * Returns 0, or negative on error. */
+/* tc: one L4 checksum change through the helper (it knows CHECKSUM_PARTIAL/COMPLETE:
+ * `pseudo` for address changes, which the partial sum covers, not ports). */
+static __always_inline int tc_l4_csum(struct __sk_buff *skb, const struct nat_plan *n, __u32 from,
+				      __u32 to, __u64 size, __u64 pseudo)
+{
+	__u32 csum_off;
+	__u64 zero_flag = 0;
+
+	if (from == to)
+		return 0;
+	if (n->proto == IPPROTO_TCP) {
+		csum_off = n->l4_off + OFF_(struct tcphdr, check);
+	} else {
+		csum_off = n->l4_off + OFF_(struct udphdr, check);
+		zero_flag = BPF_F_MARK_MANGLED_0; /* 0 = "no checksum" stays 0 */
+	}
+	return bpf_l4_csum_replace(skb, csum_off, from, to, pseudo | zero_flag | size);
+}
+
+/* tc: the L4 checksum through the helpers, then the IP checksum, addresses and ports
+ * written directly (the IP checksum is never offloaded and its change is neutral for
+ * skb->csum). Returns 0, or negative on error. */
 static __always_inline int nat_apply_tc(struct __sk_buff *skb, const struct nat_plan *n)
 {
-	int ret;
-
 	if (n->l4) {
-		__u32 csum_off;
-		__u64 zero_flag = 0;
-
-		if (n->proto == IPPROTO_TCP) {
-			csum_off = n->l4_off + OFF_(struct tcphdr, check);
-		} else {
-			csum_off = n->l4_off + OFF_(struct udphdr, check);
-			zero_flag = BPF_F_MARK_MANGLED_0; /* 0 = "no checksum" stays 0 */
-		}
-		ret = bpf_l4_csum_replace(skb, csum_off, n->old_addr, n->new_addr,
-					  BPF_F_PSEUDO_HDR | zero_flag | sizeof(n->new_addr));
-		if (ret < 0)
-			return ret;
-		if (n->old_port != n->new_port) {
-			ret = bpf_l4_csum_replace(skb, csum_off, n->old_port, n->new_port,
-						  zero_flag | sizeof(n->new_port));
-			if (ret < 0)
-				return ret;
-		}
+		if (tc_l4_csum(skb, n, n->saddr_old, n->saddr_new, 4, BPF_F_PSEUDO_HDR) < 0 ||
+		    tc_l4_csum(skb, n, n->daddr_old, n->daddr_new, 4, BPF_F_PSEUDO_HDR) < 0 ||
+		    tc_l4_csum(skb, n, n->sport_old, n->sport_new, 2, 0) < 0 ||
+		    tc_l4_csum(skb, n, n->dport_old, n->dport_new, 2, 0) < 0)
+			return -1;
 	}
 	/* The helpers invalidated packet pointers: take them again. */
 	void *data = (void *)(long)skb->data;
@@ -76,62 +79,58 @@ static __always_inline int nat_apply_tc(struct __sk_buff *skb, const struct nat_
 
 	if ((void *)(ip + 1) > data_end)
 		return -1;
-	/* The IP header checksum is never offloaded and the change is neutral for
-	 * skb->csum: plain arithmetic, one helper call fewer. */
-	ip->check = csum_update32(ip->check, n->old_addr, n->new_addr);
-	if (n->dst)
-		ip->daddr = n->new_addr;
-	else
-		ip->saddr = n->new_addr;
+	ip->check = csum_update32(csum_update32(ip->check, n->saddr_old, n->saddr_new),
+				  n->daddr_old, n->daddr_new);
+	ip->saddr = n->saddr_new;
+	ip->daddr = n->daddr_new;
 	if (n->l4) {
 		ports = (void *)ip + ip->ihl * 4;
 		if ((void *)(ports + 2) > data_end)
 			return -1;
-		ports[n->dst ? 1 : 0] = n->new_port;
+		ports[0] = n->sport_new;
+		ports[1] = n->dport_new;
 	}
 	return 0;
 }
 
-/* XDP: rewrite in place. Offsets are re-derived from the packet so the verifier can
- * bound them. Returns 0, or -1 if the packet is not what the plan was made from. */
+/* XDP: rewrite in place, checksums by hand. Offsets are re-derived from the packet so
+ * the verifier can bound them. Returns 0, or -1 if the packet is not what the plan was
+ * made from. */
 static __always_inline int nat_apply_xdp(void *data, void *data_end, const struct nat_plan *n)
 {
 	struct iphdr *ip = data + ETH_HLEN_;
-	void *l4;
+	__be16 *ports;
+	__u16 *csum;
 
 	if ((void *)(ip + 1) > data_end)
 		return -1;
-	l4 = (void *)ip + ip->ihl * 4;
 	if (n->l4) {
+		ports = (void *)ip + ip->ihl * 4;
 		if (n->proto == IPPROTO_TCP) {
-			struct tcphdr *th = l4;
+			struct tcphdr *th = (void *)ports;
 			if ((void *)(th + 1) > data_end)
 				return -1;
-			__u16 c = csum_update32(th->check, n->old_addr, n->new_addr);
-			th->check = csum_update16(c, n->old_port, n->new_port);
-			if (n->dst)
-				th->dest = n->new_port;
-			else
-				th->source = n->new_port;
+			csum = &th->check;
 		} else {
-			struct udphdr *uh = l4;
+			struct udphdr *uh = (void *)ports;
 			if ((void *)(uh + 1) > data_end)
 				return -1;
-			if (uh->check) {
-				__u16 c = csum_update32(uh->check, n->old_addr, n->new_addr);
-				uh->check = udp_csum_fixup(csum_update16(c, n->old_port, n->new_port));
-			}
-			if (n->dst)
-				uh->dest = n->new_port;
-			else
-				uh->source = n->new_port;
+			csum = &uh->check;
 		}
+		if (n->proto == IPPROTO_TCP || *csum) {
+			__u16 c = csum_update32(*csum, n->saddr_old, n->saddr_new);
+			c = csum_update32(c, n->daddr_old, n->daddr_new);
+			c = csum_update16(c, n->sport_old, n->sport_new);
+			c = csum_update16(c, n->dport_old, n->dport_new);
+			*csum = n->proto == IPPROTO_UDP ? udp_csum_fixup(c) : c;
+		}
+		ports[0] = n->sport_new;
+		ports[1] = n->dport_new;
 	}
-	ip->check = csum_update32(ip->check, n->old_addr, n->new_addr);
-	if (n->dst)
-		ip->daddr = n->new_addr;
-	else
-		ip->saddr = n->new_addr;
+	ip->check = csum_update32(csum_update32(ip->check, n->saddr_old, n->saddr_new),
+				  n->daddr_old, n->daddr_new);
+	ip->saddr = n->saddr_new;
+	ip->daddr = n->daddr_new;
 	return 0;
 }
 
@@ -181,6 +180,8 @@ static __always_inline int icmp_error_nat(void *data, void *data_end, const stru
 		if (!e || e->expires_ns <= now)
 			return 0;
 	}
+	if (e->flags & KXLB_CT_F_SNAT)
+		return 0; /* masqueraded flows: not translated (docs/datapath.md) */
 	fwd = k.dir == KXLB_CT_DIR_FWD;
 
 	__be32 new_addr = e->nat_addr;

@@ -35,6 +35,8 @@ class ControllerConfig:
     min_sync_period: float = 0.0     # seconds between two syncs at least (kube-proxy: 1 s)
     reconcile_period: float = 30.0   # full resync + drift repair (kube-proxy syncPeriod: 30 s)
     timing: WatchTiming | None = None
+    cluster_cidr: str | None = None  # clients outside it are masqueraded (kube-proxy --cluster-cidr)
+    masquerade_address: str | None = None  # default: the Node's InternalIP
 
 
 class Controller:
@@ -55,6 +57,8 @@ class Controller:
         self._triggers: dict[str, float] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._node_ip: str | None = None
+        self._masquerade: tuple | None = None  # what the config map holds
         self.syncs = 0
         core, disc = k8s.CoreV1Api(api_client), k8s.DiscoveryV1Api(api_client)
         restart = lambda res, reason: self.metrics.watch_restarts.labels(res, reason).inc()  # noqa: E731
@@ -109,8 +113,12 @@ class Controller:
         self._wake.set()
 
     def _on_node(self, typ: str, key: str, obj: dict) -> None:
-        labels = (obj.get("metadata") or {}).get("labels") or {}
-        log.debug("node %s %s (zone %s)", key, typ.lower(), labels.get("topology.kubernetes.io/zone"))
+        addrs = (obj.get("status") or {}).get("addresses") or []
+        ip = next((a.get("address") for a in addrs if a.get("type") == "InternalIP"), None)
+        if typ != DELETED and ip and ip != self._node_ip:
+            log.info("node %s: InternalIP %s", key.strip("/"), ip)
+            self._node_ip = ip
+            self._wake.set()
 
     def _skip(self, exc: DecodeError, obj: dict) -> None:
         log.error("skipping %s", exc)
@@ -187,6 +195,7 @@ class Controller:
                 self.fragments.pop(sid, None)
             else:
                 self.fragments[sid] = frag
+        self._apply_masquerade()
         res = self.programmer.apply(desired, owners, scope=None if full else scope)
         for msg in res.failed:
             log.error("not programmed: %s", msg)
@@ -209,6 +218,14 @@ class Controller:
             log.info("%s sync: %d added, %d updated, %d deleted in %.1f ms", "full" if full else "partial",
                      res.added, res.updated, res.deleted, elapsed * 1000)
         return res
+
+    def _apply_masquerade(self) -> None:
+        want = (self.config.masquerade_address or self._node_ip, self.config.cluster_cidr)
+        if want != self._masquerade:
+            self.programmer.table.set_masquerade(*want)
+            self._masquerade = want
+            log.info("masquerade to %s for hairpin flows%s", want[0] or "(nothing: no address known)",
+                     f" and clients outside {want[1]}" if want[1] else "")
 
     def reconcile(self) -> None:
         """Periodic: a full sync from the caches, then repair of what was changed in the
@@ -244,7 +261,9 @@ def flush_udp_flows(maps: Maps, removed: dict) -> int:
             continue
         if (k.daddr, k.dport, e.nat_addr, e.nat_port) not in gone:
             continue
-        rev = CtKey(saddr=e.nat_addr, daddr=k.saddr, sport=e.nat_port, dport=k.sport, proto=17, dir=C["CT_DIR_REV"])
+        snat = e.flags & C["CT_F_SNAT"]
+        rev = CtKey(saddr=e.nat_addr, daddr=e.snat_addr if snat else k.saddr, sport=e.nat_port,
+                    dport=e.snat_port if snat else k.sport, proto=17, dir=C["CT_DIR_REV"])
         deleted += maps.conntrack.delete(k) + maps.conntrack.delete(rev)
         log.info("flushed UDP flow %s:%d -> %s:%d (backend %s:%d removed)", raw_to_ip(k.saddr), raw_to_port(k.sport),
                  raw_to_ip(k.daddr), raw_to_port(k.dport), raw_to_ip(e.nat_addr), raw_to_port(e.nat_port))

@@ -107,7 +107,9 @@ def run(a) -> None:
     host, _, port = a.metrics_bind_address.rpartition(":")
     server = serve(metrics, host or "127.0.0.1", int(port))
     ctl = Controller(client, maps, ControllerConfig(node_name=a.node_name, min_sync_period=a.min_sync_period,
-                                                    reconcile_period=a.reconcile_period),
+                                                    reconcile_period=a.reconcile_period,
+                                                    cluster_cidr=a.cluster_cidr,
+                                                    masquerade_address=a.masquerade_address),
                      metrics, EventRecorder(client, a.node_name)).start()
     log.info("controller for node %s started; maps in %s; metrics on %s", a.node_name, a.pin_dir,
              a.metrics_bind_address)
@@ -144,6 +146,10 @@ def register(sub) -> None:
     p.add_argument("--xdp-mode", choices=("generic", "native"), default="generic")
     p.add_argument("--cgroup", help="cgroup v2 directory whose processes (host network) get socket-level "
                                     "service translation (connect/sendmsg/recvmsg hooks)")
+    p.add_argument("--cluster-cidr", help="the pods' CIDR: service traffic from outside it is masqueraded "
+                                          "(as kube-proxy's --cluster-cidr); hairpin traffic always is")
+    p.add_argument("--masquerade-address", help="source address for masqueraded flows (default: the Node's "
+                                                "InternalIP)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--log-format", default="text", choices=("text", "json"))
     p.set_defaults(func=run)

@@ -18,7 +18,7 @@ from kxlb.loader.maps import DEFAULT_PIN_DIR, Maps
 from kxlb.loader.services import ServiceTable
 
 CT_FLAG_NAMES = {C["CT_F_REPLIED"]: "replied", C["CT_F_FIN_FWD"]: "fin-client",
-                 C["CT_F_FIN_REV"]: "fin-backend", C["CT_F_RST"]: "rst"}
+                 C["CT_F_FIN_REV"]: "fin-backend", C["CT_F_RST"]: "rst", C["CT_F_SNAT"]: "masqueraded"}
 
 
 def _print_json(obj) -> None:
@@ -87,6 +87,8 @@ def _flow_rows(maps: Maps, include_all: bool) -> list[dict]:
             "src": f"{raw_to_ip(k.saddr)}:{raw_to_port(k.sport)}",
             "dst": f"{raw_to_ip(k.daddr)}:{raw_to_port(k.dport)}",
             "nat": f"{raw_to_ip(e.nat_addr)}:{raw_to_port(e.nat_port)}",
+            "masquerade": (f"{raw_to_ip(e.snat_addr)}:{raw_to_port(e.snat_port)}"
+                           if e.flags & C["CT_F_SNAT"] else None),
             "service_id": e.svc_id,
             "expires_in_s": round((e.expires_ns - now) / 1e9, 1),
             "state": [n for bit, n in CT_FLAG_NAMES.items() if e.flags & bit],
@@ -104,7 +106,8 @@ def cmd_conntrack(a) -> None:
     for r in rows:
         arrow = r["dst"] if r["direction"] == "client" else r["dst"]
         print(f"{r['protocol']:5} {r['src']:21} {arrow:21} {r['nat']:21} {r['expires_in_s']:>7}s  "
-              f"{','.join(r['state']) or '-'}{'' if r['direction'] == 'client' else ' (reply)'}")
+              f"{','.join(r['state']) or '-'}{'' if r['direction'] == 'client' else ' (reply)'}"
+              f"{' via ' + r['masquerade'] if r['masquerade'] and r['direction'] == 'client' else ''}")
 
 
 def cmd_stats(a) -> None:

@@ -469,7 +469,7 @@ class Lab:
         return [sys.executable, "-m", "kxlb", "--pin-dir", n.pin_dir, "controller",
                 "--node-name", n.name, "--kubeconfig", str(self.kube_proxy_kubeconfig),
                 "--netns", n.netns, "--iface", "eth0", "--iface", "kxp*", "--cgroup", n.cgroup,
-                "--metrics-bind-address", f"127.0.0.1:{port}"]
+                "--cluster-cidr", CLUSTER_CIDR, "--metrics-bind-address", f"127.0.0.1:{port}"]
 
     def kube_proxy_argv(self, n: NodeSpec) -> list[str]:
         mport = KUBE_PROXY_METRICS_BASE + self.port_offset + n.index

@@ -56,6 +56,7 @@ def attach_one(dp: Datapath, iface: str, ns: str | None, xdp_mode: str | None, p
         if attach.xdp_attached(ns, iface):
             attach.detach_xdp(ns, iface)
         a = Attachment(iface=iface, netns=ns, hook="tc")
+    attach.accept_local(ns, iface)
     reg = Registry(pin_dir)
     reg.save([x for x in reg.load() if (x.iface, x.netns) != (iface, ns)] + [a])
     return a

@@ -63,7 +63,8 @@ class CtKey(ctypes.Structure):
 
 class CtEntry(ctypes.Structure):
     _fields_ = [("expires_ns", u64), ("nat_addr", u32), ("nat_port", u16), ("flags", u8),
-                ("pad", u8), ("svc_id", u32), ("created_s", u32)]
+                ("pad", u8), ("svc_id", u32), ("created_s", u32), ("snat_addr", u32),
+                ("snat_port", u16), ("pad2", u16)]
 
 
 class FragKey(ctypes.Structure):
@@ -71,7 +72,11 @@ class FragKey(ctypes.Structure):
 
 
 class FragValue(ctypes.Structure):
-    _fields_ = [("new_addr", u32), ("dir", u8), ("pad", u8 * 3)]
+    _fields_ = [("saddr", u32), ("daddr", u32)]
+
+
+class LbConfig(ctypes.Structure):
+    _fields_ = [("snat_addr", u32), ("cluster_cidr", u32), ("cluster_mask", u32), ("flags", u32)]
 
 
 class SockRevKey(ctypes.Structure):
@@ -90,7 +95,7 @@ class SvcCounters(ctypes.Structure):
 MIRRORS: dict[str, type[ctypes.Structure]] = {
     "svc_key": SvcKey, "svc_value": SvcValue, "backend_key": BackendKey, "backend": BackendValue,
     "ct_key": CtKey, "ct_entry": CtEntry, "frag_key": FragKey, "frag_value": FragValue,
-    "sock_rev_key": SockRevKey, "sock_rev_value": SockRevValue, "svc_counters": SvcCounters,
+    "lb_config": LbConfig, "sock_rev_key": SockRevKey, "sock_rev_value": SockRevValue, "svc_counters": SvcCounters,
 }
 """C struct name -> ctypes mirror; the layout test walks this table."""
 

@@ -14,7 +14,7 @@ from typing import Generic, Iterator, TypeVar
 
 from . import bpfsys
 from .errors import KxlbError
-from .layout import (BackendKey, BackendValue, CtEntry, CtKey, FragKey, FragValue, SvcCounters,
+from .layout import (BackendKey, BackendValue, CtEntry, CtKey, FragKey, FragValue, LbConfig, SvcCounters,
                      SvcKey, SvcValue)
 
 K = TypeVar("K", bound=ctypes.Structure)
@@ -163,6 +163,7 @@ class Maps:
     frags: BpfMap[FragKey, FragValue]
     svc_stats: BpfMap
     dp_stats: BpfMap
+    config: BpfMap
 
     @classmethod
     def open(cls, pin_dir: str = DEFAULT_PIN_DIR) -> "Maps":
@@ -177,10 +178,12 @@ class Maps:
             frags=BpfMap(p("frags"), FragKey, FragValue),
             svc_stats=BpfMap(p("svc_stats"), ctypes.c_uint32, SvcCounters, percpu=True),
             dp_stats=BpfMap(p("dp_stats"), ctypes.c_uint32, ctypes.c_uint64, percpu=True),
+            config=BpfMap(p("config"), ctypes.c_uint32, LbConfig),
         )
 
     def close(self) -> None:
-        for m in (self.services, self.backends, self.conntrack, self.frags, self.svc_stats, self.dp_stats):
+        for m in (self.services, self.backends, self.conntrack, self.frags, self.svc_stats, self.dp_stats,
+                  self.config):
             m.close()
 
     def __enter__(self) -> "Maps":
@@ -190,4 +193,4 @@ class Maps:
         self.close()
 
 
-PIN_NAMES = ("services", "backends", "conntrack", "frags", "svc_stats", "dp_stats", "sock_rev")
+PIN_NAMES = ("services", "backends", "conntrack", "frags", "svc_stats", "dp_stats", "sock_rev", "config")

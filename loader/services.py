@@ -7,12 +7,14 @@ back, so a failed command leaves the maps as they were.
 from __future__ import annotations
 
 import ctypes
+import ipaddress
 from dataclasses import dataclass
 from typing import Iterable
 
 from . import bpfsys
 from .errors import KxlbError
-from .layout import C, Backend, BackendKey, ServiceKey, SvcCounters, SvcKey, SvcValue
+from .layout import (C, Backend, BackendKey, LbConfig, ServiceKey, SvcCounters, SvcKey, SvcValue, ip_to_raw,
+                     parse_ipv4)
 from .maps import Maps
 
 MAX_PER_SVC = C["MAX_BACKENDS_PER_SVC"]
@@ -200,6 +202,22 @@ class ServiceTable:
         self.maps.services.delete(key.to_c())
         self._delete_slots(cur.svc_id, cur.gen, cur.count)
         self._used_ids().discard(cur.svc_id)
+
+    # --- masquerade ---------------------------------------------------------------------
+    def set_masquerade(self, snat_addr: str | None, cluster_cidr: str | None) -> None:
+        """When to masquerade new flows (bpf/maps.h struct lb_config): to ``snat_addr``
+        for hairpin flows and, with ``cluster_cidr``, for clients outside it."""
+        cfg = LbConfig()
+        if snat_addr:
+            cfg.snat_addr = ip_to_raw(parse_ipv4(snat_addr, "masquerade address"))
+        if cluster_cidr:
+            try:
+                net = ipaddress.IPv4Network(cluster_cidr)
+            except ValueError:
+                raise KxlbError(f"cluster CIDR {cluster_cidr!r} is not an IPv4 network") from None
+            cfg.cluster_cidr = ip_to_raw(str(net.network_address))
+            cfg.cluster_mask = ip_to_raw(str(net.netmask))
+        self.maps.config.put(ctypes.c_uint32(0), cfg)
 
     # --- counters -----------------------------------------------------------------------
     def counters(self, svc_id: int) -> SvcCounters:

@@ -321,3 +321,46 @@ def test_backend_swap_never_exposes_a_half_written_service(hook, table):
     flips = int(writer.stdout.read().split()[-1])
     writer.wait()
     assert flips > 50 and sent > 500, (flips, sent)
+
+
+NODE_IP = "10.250.0.11"
+
+
+@pytest.fixture
+def masquerade(table):
+    table.set_masquerade(NODE_IP, "10.0.0.0/16")
+    yield table
+    table.set_masquerade(None, None)
+
+
+def test_hairpin_flow_is_masqueraded_both_ways(hook, masquerade):
+    masquerade.set_backends(TCP_SVC, [Backend(CLIENT, 8080)])  # the client is the backend
+    verdict, out = hook.run(syn(sport=40500))
+    p = assert_checksums(out)
+    assert (p[IP].src, p[TCP].sport, p[IP].dst, p[TCP].dport) == (NODE_IP, 40500, CLIENT, 8080)
+    reply = eth(IP(src=CLIENT, dst=NODE_IP) / TCP(sport=8080, dport=40500, flags="SA") / b"r")
+    p = assert_checksums(hook.run(reply)[1])
+    assert (p[IP].src, p[TCP].sport, p[IP].dst, p[TCP].dport) == (VIP, PORT, CLIENT, 40500)
+
+
+def test_clients_outside_the_cluster_cidr_are_masqueraded_inside_ones_not(hook, masquerade):
+    inside = Ether(hook.run(syn(sport=40600))[1])
+    assert inside[IP].src == CLIENT
+    outside = assert_checksums(hook.run(syn(sport=40600, client="192.0.2.9"))[1])
+    assert (outside[IP].src, outside[TCP].sport) == (NODE_IP, 40600)
+    backend = outside[IP].dst
+    reply = eth(IP(src=backend, dst=NODE_IP) / UDP(sport=8080, dport=40600) / b"r")
+    assert Ether(hook.run(reply)[1])[IP].dst == NODE_IP  # UDP: no such flow, untouched
+    p = assert_checksums(hook.run(eth(IP(src=backend, dst=NODE_IP) / TCP(sport=8080, dport=40600, flags="SA")))[1])
+    assert (p[IP].src, p[IP].dst, p[TCP].dport) == (VIP, "192.0.2.9", 40600)
+
+
+def test_masquerade_port_collision_picks_another_port(hook, masquerade):
+    masquerade.set_backends(TCP_SVC, BACKENDS[:1])
+    a = assert_checksums(hook.run(syn(sport=40700, client="192.0.2.1"))[1])
+    b = assert_checksums(hook.run(syn(sport=40700, client="192.0.2.2"))[1])
+    assert a[TCP].sport == 40700 and b[TCP].sport != 40700 and b[TCP].sport >= C["SNAT_PORT_MIN"]
+    for p, client in ((a, "192.0.2.1"), (b, "192.0.2.2")):
+        back = eth(IP(src=p[IP].dst, dst=NODE_IP) / TCP(sport=8080, dport=p[TCP].sport, flags="SA"))
+        r = Ether(hook.run(back)[1])
+        assert (r[IP].src, r[IP].dst, r[TCP].dport) == (VIP, client, 40700)

@@ -1,0 +1,52 @@
+"""The same Service checks through real kube-proxy (nftables) and through kxlb: every
+kube-proxy behaviour the lab can show must be kxlb's too."""
+from __future__ import annotations
+
+import sys
+from collections import Counter
+
+import pytest
+
+from kxlb.lab import kube
+from kxlb.lab.client import tcp_request, udp_request
+from kxlb.lab.cluster import http_get
+
+
+@pytest.mark.parametrize("proxy", ["kube-proxy", "kxlb"])
+def test_clusterip_from_pods_outside_host_network_and_hairpin(with_proxy, k8s, proxy):
+    lab = with_proxy(proxy)
+    k8s.deployment("echo", 3)
+    svc = k8s.service("echo")
+    client = k8s.pod("client", ports=[], node_name=lab.node(2).name)
+    pods = k8s.ready_pods("echo", 3)
+    k8s.ready_pods("app=client", 1)
+    k8s.wait_endpoints("echo", [p["status"]["podIP"] for p in pods])
+    vip, names = svc["spec"]["clusterIP"], {p["metadata"]["name"] for p in pods}
+    cns = lab.resolve_target(f"{k8s.name}/{client['metadata']['name']}")[0]
+
+    def all_answer(send, what: str) -> Counter:
+        seen: Counter = Counter()
+
+        def more():
+            try:
+                seen[send().split()[0]] += 1
+            except OSError:
+                pass
+            return set(seen) == names
+        kube.wait_for(more, 30, f"{proxy}: {what}: every pod answers (so far {dict(seen)})", interval=0.05)
+        assert set(seen) <= names
+        return seen
+
+    all_answer(lambda: tcp_request(cns, vip, 80)[0], "tcp from a pod")
+    all_answer(lambda: udp_request(cns, vip, 80)[0], "udp from a pod")
+    all_answer(lambda: http_get(vip, 8000, "/", ns=cns)[1], "http from a pod")
+    # From outside the cluster CIDR (via node 1): masqueraded, so pods on node 2 answer too.
+    all_answer(lambda: tcp_request(lab.client_ns, vip, 80)[0], "tcp from the external client")
+    # Hairpin: a backend reaching its own service; sometimes it picks itself.
+    me = pods[0]
+    mns = lab.resolve_target(f"{k8s.name}/{me['metadata']['name']}")[0]
+    all_answer(lambda: tcp_request(mns, vip, 80)[0], "tcp from a backend (hairpin included)")
+    # The host network of a node (kxlb: socket-level hooks in the node's cgroup).
+    r = lab.run_in("node/1", [sys.executable, "-c", f"import urllib.request as u; "
+                              f"print(u.build_opener(u.ProxyHandler({{}})).open('http://{vip}:8000/').read().decode())"])
+    assert r.returncode == 0 and r.stdout.strip() in names, r.stderr
