@@ -71,7 +71,9 @@ class Informer:
         self.kwargs = kwargs or {}
         self.timing = timing or WatchTiming()
         self.on_restart = on_restart or (lambda resource, reason: None)
-        self.store: dict[str, dict] = {}
+        # key -> resourceVersion: all a relist needs to tell what changed (the decoded
+        # objects live in the handler's caches; raw JSON is not kept twice)
+        self.store: dict[str, str] = {}
         self.resource_version: str | None = None
         self.synced = threading.Event()
         self._stop = threading.Event()
@@ -130,14 +132,15 @@ class Informer:
             resp.release_conn()
         fresh = {object_key(o): o for o in data.get("items") or []}
         for key in [k for k in self.store if k not in fresh]:
-            old = self.store.pop(key)
-            self.handler(DELETED, key, old)
+            del self.store[key]
+            ns, _, name = key.partition("/")
+            self.handler(DELETED, key, {"metadata": {"namespace": ns, "name": name}})
         for key, obj in fresh.items():
-            old = self.store.get(key)
-            self.store[key] = obj
-            if old is None:
+            old_rv, rv = self.store.get(key), obj["metadata"].get("resourceVersion")
+            self.store[key] = rv
+            if old_rv is None:
                 self.handler(ADDED, key, obj)
-            elif old["metadata"].get("resourceVersion") != obj["metadata"].get("resourceVersion"):
+            elif old_rv != rv:
                 self.handler(MODIFIED, key, obj)
         self.resource_version = data["metadata"]["resourceVersion"]
         self.synced.set()
@@ -179,7 +182,7 @@ class Informer:
         if typ == DELETED:
             self.store.pop(key, None)
         else:
-            self.store[key] = obj
+            self.store[key] = rv
         self.handler(typ, key, obj)
 
 

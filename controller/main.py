@@ -85,22 +85,21 @@ def run(a) -> None:
 
     setup_logging(a.log_level, a.log_format)
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1` dumps every thread's stack
-    attacher = sock = None
-    if a.iface:
-        from kxlb.loader.compile import compile_datapath
+    attacher = None
+    if a.iface or a.cgroup:
+        from kxlb.loader.compile import pinned_datapath
         from kxlb.loader.datapath import require_bpffs, require_root
         from kxlb.loader.netns import netns_path
 
-        require_root("kxlb controller --iface")
+        require_root("kxlb controller --iface/--cgroup")
         require_bpffs(a.pin_dir)
         netns_path(a.netns)
-        dp = compile_datapath(a.pin_dir)
-        attacher = InterfaceAttacher(dp, a.netns, a.iface, a.xdp_mode if a.xdp else None, a.pin_dir).start()
-    if a.cgroup:
-        from kxlb.loader.socklb import attach_socket_lb
-
-        sock = attach_socket_lb(a.pin_dir, a.cgroup)
-        log.info("socket-level load balancing attached to cgroup %s", a.cgroup)
+        prepare_in_child(a.pin_dir, a.cgroup)
+        if a.cgroup:
+            log.info("socket-level load balancing attached to cgroup %s", a.cgroup)
+        if a.iface:
+            dp = pinned_datapath(a.pin_dir)
+            attacher = InterfaceAttacher(dp, a.netns, a.iface, a.xdp_mode if a.xdp else None, a.pin_dir).start()
     maps = Maps.open(a.pin_dir)
     client = api_client(a.kubeconfig)
     metrics = Metrics()
@@ -122,7 +121,33 @@ def run(a) -> None:
     if attacher:
         attacher.stop()
     server.shutdown()
-    del sock
+
+
+PREPARE = """
+import sys
+from kxlb.loader.compile import compile_datapath
+from kxlb.loader.errors import KxlbError
+pin, cgroup = sys.argv[1], sys.argv[2]
+try:
+    compile_datapath(pin)  # pins the maps and both programs
+    if cgroup:
+        from kxlb.loader.socklb import attach_socket_lb
+        attach_socket_lb(pin, cgroup)  # the cgroup keeps the programs attached
+except KxlbError as exc:
+    print(exc, file=sys.stderr)
+    sys.exit(1)
+"""
+
+
+def prepare_in_child(pin_dir: str, cgroup: str | None) -> None:
+    """Compile with BCC in a short-lived child: LLVM (about 150 MB) never stays in the
+    controller's memory. The programs come back as pins (loader/compile.py)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", PREPARE, pin_dir, cgroup or ""], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise KxlbError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "compiling the datapath failed")
 
 
 def register(sub) -> None:

@@ -86,6 +86,10 @@ def obj_get(path: str) -> int:
     return check(lib().bpf_obj_get(path.encode()), f"open pinned object {path}")
 
 
+def obj_pin(fd: int, path: str) -> None:
+    check(lib().bpf_obj_pin(fd, path.encode()), f"pin at {path}")
+
+
 def map_info(fd: int) -> MapInfo:
     info = MapInfo()
     size = c_uint32(ctypes.sizeof(info))

@@ -15,6 +15,7 @@ from typing import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import bpfsys
 from .errors import KxlbError
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
@@ -58,11 +59,25 @@ def _captured_stderr() -> Iterator[list[str]]:
 
 @dataclass(frozen=True)
 class Datapath:
-    """A compiled datapath: the BCC module and the fds of its two programs."""
+    """The datapath's two programs: file descriptors to attach (and the BCC module that
+    made them, when compiled in this process)."""
 
-    bpf: object  # bcc.BPF; kept alive so the program fds stay open
+    bpf: object | None  # bcc.BPF; kept alive so the program fds stay open
     tc_fd: int
     xdp_fd: int
+
+
+PROG_PINS = {"tc": "prog_tc", "xdp": "prog_xdp"}  # programs are pinned beside the maps
+
+
+def pinned_datapath(pin_dir: str) -> Datapath:
+    """The programs pinned by an earlier compile: attachable without BCC, so a
+    long-running process (the controller) never loads LLVM."""
+    try:
+        fds = {hook: bpfsys.obj_get(os.path.join(pin_dir, name)) for hook, name in PROG_PINS.items()}
+    except OSError as exc:
+        raise KxlbError(f"no datapath programs pinned in {pin_dir}: {exc.strerror}") from None
+    return Datapath(bpf=None, tc_fd=fds["tc"], xdp_fd=fds["xdp"])
 
 
 def compile_source(source: Path, pin_dir: str, extra_cflags: list[str] | None = None):
@@ -92,4 +107,9 @@ def compile_datapath(pin_dir: str, extra_cflags: list[str] | None = None) -> Dat
         xdp = bpf.load_func(b"kxlb_xdp", BPF.XDP)
     except Exception as exc:
         raise KxlbError(f"the kernel rejected the datapath: {exc}") from exc
+    for hook, fd in (("tc", tc.fd), ("xdp", xdp.fd)):
+        path = os.path.join(pin_dir, PROG_PINS[hook])
+        if os.path.exists(path):
+            os.unlink(path)  # the new program replaces the pin (attachments keep theirs)
+        bpfsys.obj_pin(fd, path)
     return Datapath(bpf=bpf, tc_fd=tc.fd, xdp_fd=xdp.fd)

@@ -133,17 +133,25 @@ class BpfMap(Generic[K, V]):
         """Write entries with one batch syscall; all-or-error (the caller rolls back)."""
         if not items:
             return
-        n = len(items)
-        keys = (self.key_t * n)(*[k for k, _ in items])
-        vals = (self.value_t * n)(*[v for _, v in items])
+        self.put_many_raw(b"".join(bytes(k) for k, _ in items), b"".join(bytes(v) for _, v in items),
+                          len(items), flags)
+
+    def put_many_raw(self, key_bytes: bytes, value_bytes: bytes, n: int, flags: int = bpfsys.BPF_ANY) -> None:
+        """put_many from packed keys and values (n of each, in the map's layouts): the
+        fast path for bulk writes, with no ctypes object per entry."""
+        if n == 0:
+            return
+        assert len(key_bytes) == n * ctypes.sizeof(self.key_t) and len(value_bytes) == n * ctypes.sizeof(self.value_t)
+        keys = (self.key_t * n).from_buffer_copy(key_bytes)
+        vals = (self.value_t * n).from_buffer_copy(value_bytes)
         count = ctypes.c_uint32(n)
         opts = bpfsys.batch_opts(flags)
         ret = bpfsys.lib().bpf_map_update_batch(self.fd, keys, vals, ctypes.byref(count), ctypes.byref(opts))
         if ret < 0:
             err = -ret
             if err in (errno.EINVAL, 524):  # no batch support for this map type
-                for k, v in items:
-                    self.put(k, v, flags)
+                for i in range(n):
+                    self.put(keys[i], vals[i], flags)
                 return
             bpfsys.check(ret, f"batch update in {self.path} ({count.value} of {n} written)")
 
@@ -193,4 +201,6 @@ class Maps:
         self.close()
 
 
-PIN_NAMES = ("services", "backends", "conntrack", "frags", "svc_stats", "dp_stats", "sock_rev", "config")
+PIN_NAMES = ("services", "backends", "conntrack", "frags", "svc_stats", "dp_stats", "sock_rev", "config",
+             "prog_tc", "prog_xdp")
+"""Everything the loader pins in a pin directory (maps, then the two programs)."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ctypes
 import ipaddress
+import socket
+import struct
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -18,6 +20,13 @@ from .layout import (C, Backend, BackendKey, LbConfig, ServiceKey, SvcCounters, 
 from .maps import Maps
 
 MAX_PER_SVC = C["MAX_BACKENDS_PER_SVC"]
+
+# struct layouts of maps.h for bulk packing (network-order fields as raw bytes / "!H");
+# tests/test_layout.py checks them against the ctypes mirrors.
+_BACKEND_KEY = struct.Struct("=IHBB")     # struct backend_key
+_BACKEND = struct.Struct("=4s2sH")       # struct backend
+_SVC_KEY = struct.Struct("=4s2sBB")       # struct svc_key
+_SVC_VALUE = struct.Struct("=IHBB")       # struct svc_value
 
 
 @dataclass(frozen=True)
@@ -157,21 +166,25 @@ class ServiceTable:
         free = (i for i in range(1, capacity) if i not in used)
         states = [ServiceState(k, next(free), 0, bs) for k, bs in checked.items()]
         self._check_slot_capacity(sum(len(s.backends) for s in states))
-        slots = [(BackendKey(svc_id=s.svc_id, slot=i, gen=0), b.to_c())
-                 for s in states for i, b in enumerate(s.backends)]
-        entries = [(s.key.to_c(), SvcValue(svc_id=s.svc_id, count=len(s.backends), gen=0)) for s in states]
+        # Packed with struct, not one ctypes object per entry: a full sync writes ~100k.
+        slot_keys = b"".join(_BACKEND_KEY.pack(s.svc_id, i, 0, 0) for s in states for i in range(len(s.backends)))
+        slot_vals = b"".join(_BACKEND.pack(socket.inet_aton(b.addr), b.port.to_bytes(2, "big"), 0)
+                             for s in states for b in s.backends)
+        n_slots = sum(len(s.backends) for s in states)
+        svc_keys = b"".join(_SVC_KEY.pack(socket.inet_aton(s.key.vip), s.key.port.to_bytes(2, "big"), s.key.proto, 0)
+                            for s in states)
+        svc_vals = b"".join(_SVC_VALUE.pack(s.svc_id, len(s.backends), 0, 0) for s in states)
         try:
-            self.maps.backends.put_many(slots)
-            self.maps.services.put_many(entries)
+            self.maps.backends.put_many_raw(slot_keys, slot_vals, n_slots)
+            self.maps.services.put_many_raw(svc_keys, svc_vals, len(states))
         except OSError as exc:
-            for k, _ in entries:
-                self.maps.services.delete(k)
-            for k, _ in slots:
-                self.maps.backends.delete(k)
+            for s in states:
+                self.maps.services.delete(s.key.to_c())
+                self._delete_slots(s.svc_id, 0, len(s.backends), written=False)
             raise KxlbError(f"adding {len(states)} services failed: {exc}") from None
         used.update(s.svc_id for s in states)
         if self._slots_used is not None:
-            self._slots_used += len(slots)
+            self._slots_used += n_slots
         return states
 
     def set_backends(self, key: ServiceKey, backends: Iterable[Backend]) -> ServiceState:

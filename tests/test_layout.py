@@ -56,3 +56,15 @@ def test_constants_come_from_the_header():
     text = (BPF_DIR / "consts.h").read_text()
     assert f"KXLB_CT_TCP_EST_S        {C['CT_TCP_EST_S']}" in text
     assert C["ST_MAX"] > max(v for k, v in C.items() if k.startswith("ST_") and k != "ST_MAX")
+
+
+def test_bulk_packing_matches_the_ctypes_mirrors():
+    """loader/services.py packs bulk writes with struct: same bytes as the mirrors."""
+    from kxlb.loader import services as sv
+    from kxlb.loader.layout import Backend, BackendKey, ServiceKey, SvcValue
+
+    b, k = Backend("10.1.2.3", 8080), ServiceKey("10.96.0.10", 53, 17)
+    assert sv._BACKEND.pack(b"\x0a\x01\x02\x03", (8080).to_bytes(2, "big"), 0) == bytes(b.to_c())
+    assert sv._BACKEND_KEY.pack(7, 3, 1, 0) == bytes(BackendKey(svc_id=7, slot=3, gen=1))
+    assert sv._SVC_KEY.pack(b"\x0a\x60\x00\x0a", (53).to_bytes(2, "big"), 17, 0) == bytes(k.to_c())
+    assert sv._SVC_VALUE.pack(9, 4, 1, 0) == bytes(SvcValue(svc_id=9, count=4, gen=1))

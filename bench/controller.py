@@ -1,0 +1,182 @@
+"""Controller benchmarks.
+
+1. Full sync: from Service and EndpointSlice list responses in hand (raw JSON) to every
+   map entry programmed, for 1k and 10k services of 10 endpoints, in a process that only
+   opens the pinned maps (as `kxlb controller` does when `kxlb load` attached the
+   datapath); its peak RSS is reported too.
+2. Event to datapath, against the real API server: p50/p99 from an EndpointSlice write
+   to (a) the maps updated, (b) the first new connection answered by the new backend.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- 1. full sync ---------------------------------------------------------------------------
+def lists(n_services: int, endpoints: int = 10) -> tuple[dict, dict]:
+    svcs, slices = [], []
+    for i in range(n_services):
+        ns, name = f"ns{i % 100}", f"svc{i}"
+        ip = f"10.{96 + i // 65536}.{(i // 256) % 256}.{i % 256}"
+        svcs.append({"metadata": {"namespace": ns, "name": name, "resourceVersion": str(i)},
+                     "spec": {"type": "ClusterIP", "clusterIP": ip, "clusterIPs": [ip],
+                              "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]}})
+        slices.append({"metadata": {"namespace": ns, "name": f"{name}-abcde", "resourceVersion": str(i),
+                                    "labels": {"kubernetes.io/service-name": name}},
+                       "addressType": "IPv4",
+                       "endpoints": [{"addresses": [f"10.{(i * endpoints + j) // 65536 % 64 + 128}."
+                                                    f"{(i * endpoints + j) // 256 % 256}.{(i * endpoints + j) % 256}"],
+                                      "conditions": {"ready": True, "serving": True, "terminating": False},
+                                      "nodeName": "node-1"} for j in range(endpoints)],
+                       "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]})
+    return {"items": svcs, "metadata": {"resourceVersion": "1"}}, {"items": slices, "metadata": {"resourceVersion": "1"}}
+
+
+CHILD = r"""
+import json, sys, time
+from kxlb.controller.controller import Controller, ControllerConfig
+from kxlb.loader.maps import Maps
+pin, path = sys.argv[1], sys.argv[2]
+svc_list, slice_list = json.load(open(path))
+ctl = Controller(None, Maps.open(pin), ControllerConfig(node_name="node-1"))
+t0 = time.perf_counter()
+# What the informers hand over after their lists: one event per object, then a full sync.
+for o in svc_list["items"]:
+    ctl.on_service("ADDED", o["metadata"]["namespace"] + "/" + o["metadata"]["name"], o)
+for o in slice_list["items"]:
+    ctl.on_slice("ADDED", o["metadata"]["namespace"] + "/" + o["metadata"]["name"], o)
+del svc_list, slice_list, o  # as an informer drops its list response once handed over
+res = ctl.sync(full=True)
+t1 = time.perf_counter()
+# VmHWM, not ru_maxrss: after exec, ru_maxrss still carries the parent's peak.
+hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+print(json.dumps({"seconds": t1 - t0, "added": res.added, "rss_mb": hwm / 1024}))
+"""
+
+
+def full_sync(n: int) -> dict:
+    from kxlb.lab.netlab import unique_tag
+    from kxlb.loader.compile import compile_datapath
+
+    pin = f"/sys/fs/bpf/{unique_tag()}"
+    try:
+        compile_datapath(pin)
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(lists(n), f)
+        out = subprocess.run([sys.executable, "-c", CHILD, pin, f.name], capture_output=True, text=True, check=True)
+        os.unlink(f.name)
+        return json.loads(out.stdout)
+    finally:
+        shutil.rmtree(pin, ignore_errors=True)
+
+
+# --- 2. event to datapath ---------------------------------------------------------------------
+def event_latency(iterations: int, traffic_iterations: int) -> dict:
+    sys.path.insert(0, str(ROOT / "tests" / "controller"))
+    import conftest as c  # the controller tests' fixtures, used here as plain code
+    from kubernetes import client, config
+    from kxlb.lab.client import tcp_request
+    from kxlb.lab.controlplane import ControlPlane
+    from kxlb.lab.netlab import NetLab
+    from kxlb.loader.layout import Backend, ServiceKey
+    from kxlb.loader.maps import Maps
+    from kxlb.loader.services import ServiceTable
+
+    cp = ControlPlane(Path("/tmp/kxlb-bench-cp"), ports=c.PORTS.shifted(500), iface="kxlb-apibch0",
+                      advertise_address="10.254.0.5", controllers="*,-nodeipam,-nodelifecycle", log=lambda m: None)
+    cp.up()
+    lab = NetLab().up()
+    ctl = None
+    try:
+        lab.start_servers(c.BACKEND_PORT)
+        ctl = c.ControllerProcess(cp, lab)
+        ctl.start()
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=str(cp.admin_kubeconfig), client_configuration=cfg)
+        api = client.ApiClient(cfg)
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": "bench"}})
+        svc = c.make_service(api, "bench", "lat", [("http", 80, "TCP")], [(lab.backend_ip(0), c.READY)])
+        key = ServiceKey(svc["spec"]["clusterIP"], 80, 6)
+        maps = Maps.open(lab.pin_dir)
+        table = ServiceTable(maps)
+        to_maps, to_traffic, after_write = [], [], []
+        for i in range(iterations + traffic_iterations):
+            target = (i + 1) % 2  # the only backend alternates: be1, be0, be1, ...
+            want = Backend(lab.backend_ip(target), c.BACKEND_PORT)
+            t0 = time.perf_counter()
+            c.put_slice(api, "bench", "lat", [(want.addr, c.READY)], [("http", c.BACKEND_PORT, "TCP")])
+            t_written = time.perf_counter()
+            while True:
+                st = table.get(key)
+                if st and st.backends == (want,):
+                    break
+            t1 = time.perf_counter()
+            to_maps.append(t1 - t0)
+            after_write.append(t1 - t_written)
+            if i >= iterations:  # and the first request the new backend answers
+                while tcp_request(lab.client, key.vip, 80)[0].split()[0] != f"be{target}":
+                    pass
+                to_traffic.append(time.perf_counter() - t0)
+        return {"maps": to_maps, "traffic": to_traffic, "after_write": after_write,
+                "controller_rss_mb": _rss_mb(ctl.proc.pid)}
+    finally:
+        if ctl:
+            ctl.kill()
+        subprocess.run([sys.executable, "-m", "kxlb", "--pin-dir", lab.pin_dir, "unload"], capture_output=True)
+        os.rmdir(ctl.cgroup) if ctl and os.path.isdir(ctl.cgroup) else None
+        lab.down()
+        cp.down()
+
+
+def _rss_mb(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1000,10000")
+    ap.add_argument("--iterations", type=int, default=200, help="slice writes timed to the maps")
+    ap.add_argument("--traffic-iterations", type=int, default=40, help="slice writes timed to the first answer")
+    a = ap.parse_args()
+    print("| services x 10 endpoints | full sync s | peak RSS MB (sync process) |")
+    print("|---:|---:|---:|")
+    for n in (int(s) for s in a.sizes.split(",")):
+        r = full_sync(n)
+        assert r["added"] == n
+        print(f"| {n:,} | {r['seconds']:.3f} | {r['rss_mb']:.0f} |")
+    lat = event_latency(a.iterations, a.traffic_iterations)
+    ms = lambda xs, p: pct(xs, p) * 1000  # noqa: E731
+    print("\n| API write (EndpointSlice) to | n | p50 ms | p99 ms |")
+    print("|---|---:|---:|---:|")
+    print(f"| maps updated (from the write's start) | {len(lat['maps'])} | {ms(lat['maps'], 50):.2f} | "
+          f"{ms(lat['maps'], 99):.2f} |")
+    print(f"| maps updated (from the write's response) | {len(lat['after_write'])} | "
+          f"{ms(lat['after_write'], 50):.2f} | {ms(lat['after_write'], 99):.2f} |")
+    print(f"| first connection answered by the new backend | {len(lat['traffic'])} | "
+          f"{ms(lat['traffic'], 50):.2f} | {ms(lat['traffic'], 99):.2f} |")
+    print(f"\n`kxlb controller` RSS while running (its BCC compile runs in a child process): "
+          f"{lat['controller_rss_mb']:.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
