@@ -182,18 +182,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     for register in _extensions():
         register(sub)
-    _accept_everywhere(p, "--pin-dir", help="same as the global --pin-dir")
+    _accept_after_command(p, "--pin-dir", skip={"lab", "demo"}, help="same as the global --pin-dir")
     return p
 
 
-def _accept_everywhere(parser: argparse.ArgumentParser, flag: str, **kw) -> None:
-    """Let a global option also follow the sub-command (`kxlb controller --pin-dir X`)."""
+def _accept_after_command(parser: argparse.ArgumentParser, flag: str, skip: set[str], **kw) -> None:
+    """Let a global option also follow the sub-command (`kxlb controller --pin-dir X`),
+    except in sub-commands that do not use it."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            for child in action.choices.values():
+            for name, child in action.choices.items():
+                if name in skip:
+                    continue
                 if flag not in child._option_string_actions:
                     child.add_argument(flag, default=argparse.SUPPRESS, **kw)
-                _accept_everywhere(child, flag, **kw)
+                _accept_after_command(child, flag, skip, **kw)
 
 
 def _extensions():
