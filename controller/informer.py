@@ -16,7 +16,6 @@ import logging
 import random
 import socket
 import threading
-import time
 from dataclasses import dataclass
 from typing import Callable
 

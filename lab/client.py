@@ -17,6 +17,15 @@ def tcp_connect(ns: str, addr: str, port: int, timeout: float = 3.0) -> socket.s
     return s
 
 
+def udp_connect(ns: str, addr: str, port: int, timeout: float = 3.0) -> socket.socket:
+    """A UDP socket of namespace ``ns`` connected to addr:port (it receives ICMP errors)."""
+    with netns(ns):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(timeout)
+    s.connect((addr, port))
+    return s
+
+
 def tcp_exchange(s: socket.socket, line: str = "hello") -> str:
     """Send one line on a connected socket; return the reply line."""
     s.sendall(line.encode() + b"\n")

@@ -241,7 +241,7 @@ class Lab:
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                                  cwd=self.workdir, env=_env(str(self.workdir), extra_env),
                                  start_new_session=True, close_fds=True, preexec_fn=preexec)
-        st = cpmod._proc_stat(p.pid)
+        st = cpmod.proc_stat(p.pid)
         info = {"pid": p.pid, "start": st[1] if st else None, "argv": argv, "log": str(logp)}
         cpmod.pki.write_public(self._pidfile(role), (json.dumps(info) + "\n").encode())
         return p

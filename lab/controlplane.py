@@ -161,7 +161,7 @@ def missing_binaries(bin_dir: Path) -> list[str]:
 
 # ----------------------------------------------------------------------------- /proc helpers
 
-def _proc_stat(pid: int) -> Optional[tuple[str, int]]:
+def proc_stat(pid: int) -> Optional[tuple[str, int]]:
     """(state, start time in clock ticks) of *pid*, or None if it does not exist."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -175,7 +175,7 @@ def _proc_stat(pid: int) -> Optional[tuple[str, int]]:
 def _alive(pid: int, start: Optional[int] = None) -> bool:
     """True if *pid* runs and (given *start*) is the process that started then.
     Zombies count as dead, and are reaped here when they are our children."""
-    st = _proc_stat(pid)
+    st = proc_stat(pid)
     if st is None or (start is not None and st[1] != start):
         return False
     if st[0] in ("Z", "X"):
@@ -770,7 +770,7 @@ class ControlPlane:
         finally:
             logf.close()
         self._procs[comp] = proc
-        st = _proc_stat(proc.pid)
+        st = proc_stat(proc.pid)
         info = {"pid": proc.pid, "start": st[1] if st else None, "argv": argv}
         pki.write_public(self._pidfile(comp), (json.dumps(info) + "\n").encode())
         self._log(f"started {comp} (pid {proc.pid}), log {self.log_path(comp)}")

@@ -57,6 +57,7 @@ from typing import Optional
 
 from kxlb.loader.netns import netns
 
+from .controlplane import proc_stat
 from .nodes import NodeSpec, Topology
 
 log = logging.getLogger("kxlab.agent")
@@ -94,15 +95,9 @@ def _write_json(path: Path, obj: dict) -> None:
 
 
 def proc_start(pid: int) -> Optional[int]:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    rest = data[data.rfind(b")") + 2:].split()
-    if rest[0] in (b"Z", b"X"):
-        return None
-    return int(rest[19])
+    """Start time of a live (not zombie) process, to tell a reused pid apart."""
+    st = proc_stat(pid)
+    return None if st is None or st[0] in ("Z", "X") else st[1]
 
 
 def workload_ports(pod: dict) -> list[tuple[str, int]]:

@@ -15,7 +15,7 @@ from typing import Iterable
 
 from . import bpfsys
 from .errors import KxlbError
-from .layout import (C, Backend, BackendKey, LbConfig, ServiceKey, SvcCounters, SvcKey, SvcValue, ip_to_raw,
+from .layout import (C, Backend, BackendKey, LbConfig, ServiceKey, SvcCounters, SvcValue, ip_to_raw,
                      parse_ipv4)
 from .maps import Maps
 

@@ -12,7 +12,7 @@ import pytest
 from scapy.layers.inet import IP, TCP
 from scapy.layers.l2 import Ether
 
-from kxlb.lab.client import tcp_connect, tcp_exchange, tcp_request, udp_request
+from kxlb.lab.client import tcp_connect, tcp_exchange, tcp_request, udp_connect, udp_request
 from kxlb.loader.netns import netns
 
 VIP, PORT, BPORT = "10.96.0.10", 80, 8080
@@ -77,11 +77,7 @@ def test_icmp_port_unreachable_from_a_backend_reaches_the_client_as_from_the_vip
     about client->backend; a connected UDP socket sees ECONNREFUSED only if the error
     was translated to name VIP:PORT."""
     kxlb(lab, "service", "add", f"{VIP}:5999/udp", f"{lab.backend_ip(0)}:5999")
-    with netns(lab.client):
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    with s:
-        s.settimeout(3)
-        s.connect((VIP, 5999))
+    with udp_connect(lab.client, VIP, 5999) as s:
         s.send(b"anyone?")
         with pytest.raises(ConnectionRefusedError):
             s.recv(100)

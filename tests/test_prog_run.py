@@ -5,7 +5,6 @@ checksums, the verdict, and map contents.
 """
 from __future__ import annotations
 
-import ctypes
 import random
 import subprocess
 import sys

@@ -2,21 +2,14 @@
 follows the maps, and nothing that restarts (API server, controller) disturbs traffic."""
 from __future__ import annotations
 
-import json
-import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
-import urllib.request
 
 import pytest
 
 from conftest import (BACKEND_PORT, READY, backend_ips, http_get, make_service, put_slice, wait_maps)
-from kxlb.lab.client import tcp_connect, tcp_exchange, tcp_request, udp_request
-from kxlb.lab.controlplane import APISERVER
-from kxlb.loader.netns import netns
+from kxlb.lab.client import tcp_request, udp_connect, udp_request
 
 
 def names_over(lab, ip, port, n=24):
@@ -53,8 +46,8 @@ def test_terminating_endpoints_serve_only_when_none_is_ready(api, ns, lab, contr
     term = {"ready": False, "serving": True, "terminating": True}
     svc = make_service(api, ns, "term", [("http", 80, "TCP")],
                        [(lab.backend_ip(0), term), (lab.backend_ip(1), READY)])
-    ip, key = svc["spec"]["clusterIP"], None
-    key = f"{svc['spec']['clusterIP']}:80/tcp"
+    ip = svc["spec"]["clusterIP"]
+    key = f"{ip}:80/tcp"
     wait_maps(lab, lambda m: m.get(key) == [f"{lab.backend_ip(1)}:{BACKEND_PORT}"])
     put_slice(api, ns, "term", [(lab.backend_ip(0), term), (lab.backend_ip(1), {"ready": False, "serving": False,
                                                                                  "terminating": True})],
@@ -101,11 +94,7 @@ def test_udp_flows_to_a_removed_backend_are_flushed(api, ns, lab, controller):
     svc = make_service(api, ns, "dns", [("dns", 53, "UDP")], [(ip, READY) for ip in backend_ips(lab)])
     ip = svc["spec"]["clusterIP"]
     wait_maps(lab, lambda m: len(m.get(f"{ip}:53/udp", [])) == 3)
-    with netns(lab.client):
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    with s:
-        s.settimeout(3)
-        s.connect((ip, 53))
+    with udp_connect(lab.client, ip, 53) as s:
         s.send(b"one")
         first = s.recv(100).split()[0].decode()
         left = [b for i, b in enumerate(backend_ips(lab)) if f"be{i}" != first]
@@ -148,7 +137,7 @@ def test_health_readiness_and_metrics(controller):
 
 
 def test_a_service_too_big_for_the_maps_is_skipped_and_others_keep_working(api, ns, lab, controller):
-    big = make_service(api, ns, "big", [("http", 80, "TCP")], [])
+    make_service(api, ns, "big", [("http", 80, "TCP")], [])
     for s in range(5):  # 5000 endpoints: more than the 4096 slots a service may have
         put_slice(api, ns, "big", [(f"10.77.{s * 4 + i // 250}.{i % 250 + 1}", READY) for i in range(1000)],
                   [("http", BACKEND_PORT, "TCP")], slice_name=f"big-{s}")
