@@ -38,9 +38,10 @@ def tcp_exchange(s: socket.socket, line: str = "hello") -> str:
     return buf.decode().rstrip("\n")
 
 
-def tcp_request(ns: str, addr: str, port: int, line: str = "hello") -> tuple[str, tuple[str, int]]:
+def tcp_request(ns: str, addr: str, port: int, line: str = "hello",
+                timeout: float = 3.0) -> tuple[str, tuple[str, int]]:
     """New connection, one line; returns (reply, address the reply came from)."""
-    with tcp_connect(ns, addr, port) as s:
+    with tcp_connect(ns, addr, port, timeout) as s:
         return tcp_exchange(s, line), s.getpeername()
 
 

@@ -50,3 +50,51 @@ def test_clusterip_from_pods_outside_host_network_and_hairpin(with_proxy, k8s, p
     r = lab.run_in("node/1", [sys.executable, "-c", f"import urllib.request as u; "
                               f"print(u.build_opener(u.ProxyHandler({{}})).open('http://{vip}:8000/').read().decode())"])
     assert r.returncode == 0 and r.stdout.strip() in names, r.stderr
+
+
+def node_maps(lab, vip: str, port: int = 80) -> list[list[str]]:
+    """Backends of VIP:port/tcp in every node's pinned maps."""
+    from kxlb.loader.layout import ServiceKey
+    from kxlb.loader.maps import Maps
+    from kxlb.loader.services import ServiceTable
+
+    out = []
+    for i in (1, 2):
+        with Maps.open(lab.node(i).pin_dir) as maps:
+            st = ServiceTable(maps).get(ServiceKey(vip, port, 6))
+            out.append(sorted(b.addr for b in st.backends) if st else None)
+    return out
+
+
+def test_kxlb_follows_deployments_scaling_and_deletion(with_proxy, k8s):
+    """Deployments and Services through their life: every node's maps and real traffic
+    follow the EndpointSlice controller's view."""
+    from kubernetes import client
+
+    lab = with_proxy("kxlb")
+    k8s.deployment("web", 3)
+    svc = k8s.service("web")
+    client_pod = k8s.pod("client", ports=[], node_name=lab.node(1).name)
+    k8s.ready_pods("app=client", 1)
+    cns = lab.resolve_target(f"{k8s.name}/{client_pod['metadata']['name']}")[0]
+    vip = svc["spec"]["clusterIP"]
+
+    def settle(replicas: int) -> set[str]:
+        pods = k8s.ready_pods("web", replicas) if replicas else []
+        ips = sorted(p["status"]["podIP"] for p in pods)
+        kube.wait_for(lambda: node_maps(lab, vip) == [ips, ips], 30, f"both nodes' maps hold {ips}")
+        return {p["metadata"]["name"] for p in pods}
+
+    for replicas in (3, 1, 4):
+        k8s.scale("web", replicas)
+        names = settle(replicas)
+        seen = set()
+        kube.wait_for(lambda: seen.add(tcp_request(cns, vip, 80)[0].split()[0]) or seen == names, 30,
+                      f"{replicas} replicas: every pod answers (so far {seen})", interval=0.02)
+        assert seen == names
+    k8s.scale("web", 0)
+    settle(0)
+    with pytest.raises(OSError):  # no backend: dropped (kube-proxy would reject)
+        tcp_request(cns, vip, 80, timeout=1)
+    client.CoreV1Api(lab.api_client()).delete_namespaced_service("web", k8s.name)
+    kube.wait_for(lambda: node_maps(lab, vip) == [None, None], 30, "the service left both nodes' maps")
