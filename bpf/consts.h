@@ -49,7 +49,7 @@
 #define KXLB_ST_ICMP_NAT         6       /* ICMP error about a tracked flow translated */
 #define KXLB_ST_FRAG_NAT         7       /* non-first fragment of a translated datagram */
 #define KXLB_ST_FRAG_UNKNOWN     8       /* non-first fragment seen before its first: passed */
-#define KXLB_ST_NO_BACKEND       9       /* service without backends: dropped */
+#define KXLB_ST_NO_BACKEND       9       /* service without backends: rejected (ICMP) or dropped */
 #define KXLB_ST_SLOT_RETRY       10      /* backend slot vanished under a swap: retried */
 #define KXLB_ST_CT_FULL          11      /* conntrack insert failed: dropped */
 #define KXLB_ST_SNAT             12      /* new flow, masqueraded (hairpin or from outside) */

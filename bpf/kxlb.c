@@ -35,12 +35,14 @@
 #include "lb.h"
 #include "ct.h"
 #include "nat.h"
+#include "reject.h"
 
 enum lb_verdict {
 	LB_PASS = 0,   /* hand the packet on unchanged */
 	LB_NAT,        /* apply the nat_plan, then hand on */
 	LB_DONE,       /* already rewritten in place (ICMP error), hand on */
 	LB_DROP,
+	LB_REJECT,     /* answer with ICMP port unreachable (struct reject_info filled) */
 };
 
 /* First fragment of a translated datagram: remember the new addresses for the rest. */
@@ -121,7 +123,8 @@ static __always_inline int ct_translate(const struct ct_key *k, struct ct_entry 
 	return LB_NAT;
 }
 
-static __always_inline int lb_process(void *data, void *data_end, __u32 len, struct nat_plan *n)
+static __always_inline int lb_process(void *data, void *data_end, __u32 len, struct nat_plan *n,
+				      struct reject_info *ri)
 {
 	struct pkt p = {};
 	struct ct_entry *e;
@@ -173,6 +176,8 @@ static __always_inline int lb_process(void *data, void *data_end, __u32 len, str
 
 		if (lb_select(&sk, &sv, &p, &be) < 0) {
 			stat_inc(KXLB_ST_NO_BACKEND);
+			if (sv.count == 0 && !p.frag && reject_save(data, data_end, ri) == 0)
+				return LB_REJECT; /* no endpoint at all: fail fast */
 			return LB_DROP;
 		}
 		if (!now)
@@ -212,9 +217,19 @@ int kxlb_tc(struct __sk_buff *skb)
 	if (skb->data_end - skb->data < 128 && skb->len > skb->data_end - skb->data)
 		bpf_skb_pull_data(skb, skb->len < 128 ? skb->len : 128);
 
-	v = lb_process((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, &n);
+	struct reject_info ri;
+	v = lb_process((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, &n, &ri);
 	if (v == LB_NAT)
 		return nat_apply_tc(skb, &n) < 0 ? TC_ACT_SHOT : TC_ACT_OK;
+	if (v == LB_REJECT) {
+		/* A fresh frame of REJECT_LEN bytes, back out of the interface it came in on.
+		 * CHECKSUM_PARTIAL state of the original skb is not reset (no helper does):
+		 * harmless on veths, whose receiver trusts it; see docs/datapath.md. */
+		if (bpf_skb_change_tail(skb, REJECT_LEN, 0) < 0 ||
+		    reject_build((void *)(long)skb->data, (void *)(long)skb->data_end, &ri) < 0)
+			return TC_ACT_SHOT;
+		return bpf_redirect(skb->ifindex, 0);
+	}
 	return v == LB_DROP ? TC_ACT_SHOT : TC_ACT_OK;
 }
 
@@ -225,8 +240,16 @@ int kxlb_xdp(struct xdp_md *ctx)
 	struct nat_plan n = {};
 	int v;
 
-	v = lb_process(data, data_end, data_end - data, &n);
+	struct reject_info ri;
+	v = lb_process(data, data_end, data_end - data, &n, &ri);
 	if (v == LB_NAT)
 		return nat_apply_xdp(data, data_end, &n) < 0 ? XDP_DROP : XDP_PASS;
+	if (v == LB_REJECT) {
+		if (bpf_xdp_adjust_tail(ctx, REJECT_LEN - (int)(data_end - data)) < 0)
+			return XDP_DROP;
+		data = (void *)(long)ctx->data;
+		data_end = (void *)(long)ctx->data_end;
+		return reject_build(data, data_end, &ri) < 0 ? XDP_DROP : XDP_TX;
+	}
 	return v == LB_DROP ? XDP_DROP : XDP_PASS;
 }

@@ -8,10 +8,11 @@ from scapy.layers.l2 import Ether
 
 from kxlb.loader.bpfsys import prog_test_run
 
-TC_ACT_OK, TC_ACT_SHOT = 0, 2
-XDP_DROP, XDP_PASS = 1, 2
+TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0, 2, 7
+XDP_DROP, XDP_PASS, XDP_TX = 1, 2, 3
 PASS = {"tc": TC_ACT_OK, "xdp": XDP_PASS}
 DROP = {"tc": TC_ACT_SHOT, "xdp": XDP_DROP}
+SENT_BACK = {"tc": TC_ACT_REDIRECT, "xdp": XDP_TX}  # out of the interface it came in on
 
 CLIENT_MAC, NODE_MAC = "02:00:00:00:00:01", "02:00:00:00:00:02"
 
@@ -33,6 +34,10 @@ class Hook:
     @property
     def dropped(self) -> int:
         return DROP[self.name]
+
+    @property
+    def sent_back(self) -> int:
+        return SENT_BACK[self.name]
 
 
 def eth(payload):

@@ -83,6 +83,16 @@ def test_icmp_port_unreachable_from_a_backend_reaches_the_client_as_from_the_vip
             s.recv(100)
 
 
+def test_a_service_without_endpoints_refuses_at_once(lab):
+    """kube-proxy rejects: the client gets ECONNREFUSED (ICMP port unreachable from the
+    VIP), not a timeout."""
+    kxlb(lab, "service", "add", f"{VIP}:8081/tcp")
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionRefusedError):
+        tcp_request(lab.client, VIP, 8081)
+    assert time.monotonic() - t0 < 1.0
+
+
 def test_service_deletion_keeps_established_flows_and_refuses_new_ones(lab):
     conn = tcp_connect(lab.client, VIP, PORT)
     with conn:

@@ -15,7 +15,7 @@ from scapy.layers.inet import IPOption_NOP, fragment
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP
 
-from harness import ICMP, IP, TCP, UDP, Ether, Hook, IPerror, assert_checksums, eth
+from harness import CLIENT_MAC, ICMP, IP, NODE_MAC, TCP, UDP, Ether, Hook, IPerror, assert_checksums, eth
 from kxlb.loader.compile import compile_datapath
 from kxlb.loader.layout import C, Backend, CtKey, ServiceKey, ip_to_raw, port_to_raw
 from kxlb.loader.maps import Maps
@@ -262,10 +262,24 @@ def test_garbage_is_never_rewritten(hook, table):
         assert verdict == hook.passed and out == raw
 
 
-def test_service_without_backends_drops(hook, table):
+@pytest.mark.parametrize("proto", ["tcp", "udp"])
+def test_service_without_endpoints_rejects_with_port_unreachable(hook, table, proto):
+    """kube-proxy's reject: ICMP port unreachable from the VIP, back where it came from."""
+    table.set_backends(TCP_SVC if proto == "tcp" else UDP_SVC, [])
+    pkt = syn(sport=40200) if proto == "tcp" else eth(IP(src=CLIENT, dst=VIP) / UDP(sport=40200, dport=PORT) / b"q")
+    verdict, out = hook.run(pkt)
+    assert verdict == hook.sent_back
+    p = assert_checksums(out)
+    assert (p.src, p.dst) == (NODE_MAC, CLIENT_MAC)
+    assert (p[IP].src, p[IP].dst, p[ICMP].type, p[ICMP].code) == (VIP, CLIENT, 3, 3)
+    assert bytes(p[IPerror])[:28] == bytes(pkt[IP])[:28]  # the client's packet, quoted
+    assert not list(table.maps.conntrack.keys())
+
+
+def test_a_packet_that_cannot_be_quoted_is_dropped_instead(hook, table):
     table.set_backends(TCP_SVC, [])
-    verdict, _ = hook.run(syn(sport=40200))
-    assert verdict == hook.dropped
+    pkt = eth(IP(src=CLIENT, dst=VIP, options=[IPOption_NOP()] * 4) / TCP(sport=40201, dport=PORT, flags="S"))
+    assert hook.run(pkt)[0] == hook.dropped
 
 
 def test_new_flows_spread_over_all_backends(hook, table):

@@ -50,6 +50,18 @@ def test_clusterip_from_pods_outside_host_network_and_hairpin(with_proxy, k8s, p
     r = lab.run_in("node/1", [sys.executable, "-c", f"import urllib.request as u; "
                               f"print(u.build_opener(u.ProxyHandler({{}})).open('http://{vip}:8000/').read().decode())"])
     assert r.returncode == 0 and r.stdout.strip() in names, r.stderr
+    # A service without endpoints is rejected at once (ICMP port unreachable), not dropped.
+    empty = k8s.service("nobody", selector={"app": "nobody"})
+
+    def refused() -> bool:
+        try:
+            tcp_request(cns, empty["spec"]["clusterIP"], 80, timeout=1)
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            pass
+        return False
+    kube.wait_for(refused, 30, f"{proxy}: a service without endpoints refuses connections", interval=0.1)
 
 
 def node_maps(lab, vip: str, port: int = 80) -> list[list[str]]:
@@ -94,7 +106,7 @@ def test_kxlb_follows_deployments_scaling_and_deletion(with_proxy, k8s):
         assert seen == names
     k8s.scale("web", 0)
     settle(0)
-    with pytest.raises(OSError):  # no backend: dropped (kube-proxy would reject)
+    with pytest.raises(ConnectionRefusedError):  # no endpoint: rejected at once, as kube-proxy does
         tcp_request(cns, vip, 80, timeout=1)
     client.CoreV1Api(lab.api_client()).delete_namespaced_service("web", k8s.name)
     kube.wait_for(lambda: node_maps(lab, vip) == [None, None], 30, "the service left both nodes' maps")

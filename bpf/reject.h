@@ -1,0 +1,81 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/* Reject: a new flow to a service without any endpoint is answered with ICMP port
+ * unreachable from the VIP, as kube-proxy's reject rule does, so clients fail at once
+ * (TCP: ECONNREFUSED) instead of retrying into silence. The reply is built in the
+ * packet's own buffer and sent back out of the interface it came in on. */
+#ifndef KXLB_REJECT_H
+#define KXLB_REJECT_H
+
+#define REJECT_QUOTE 28                               /* the IP header (no options) + 8 bytes */
+#define REJECT_LEN (ETH_HLEN_ + 20 + 8 + REJECT_QUOTE) /* the whole reply frame */
+
+/* What the reply needs from the packet, saved before the buffer is resized. */
+struct reject_info {
+	__u8 client_mac[6];
+	__u8 node_mac[6];
+	__u8 quote[REJECT_QUOTE];
+};
+
+/* Save the packet's addresses and quote; 0, or -1 when it cannot be rejected (IP
+ * options, or too short to quote 8 bytes of it). */
+static __always_inline int reject_save(void *data, void *data_end, struct reject_info *ri)
+{
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + ETH_HLEN_;
+
+	if (data + ETH_HLEN_ + REJECT_QUOTE > data_end || ip->ihl != 5)
+		return -1;
+	__builtin_memcpy(ri->client_mac, eth->h_source, 6);
+	__builtin_memcpy(ri->node_mac, eth->h_dest, 6);
+	__builtin_memcpy(ri->quote, ip, REJECT_QUOTE);
+	return 0;
+}
+
+static __always_inline __u16 csum_of(const __u16 *words, int n)
+{
+	__u32 sum = 0;
+
+#pragma unroll
+	for (int i = 0; i < n; i++)
+		sum += words[i];
+	return (__u16)~csum_fold32(sum);
+}
+
+/* Write the reply over a buffer of exactly REJECT_LEN bytes. */
+static __always_inline int reject_build(void *data, void *data_end, const struct reject_info *ri)
+{
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + ETH_HLEN_;
+	struct icmphdr *ih = (void *)(ip + 1);
+	const struct iphdr *orig = (const void *)ri->quote;
+
+	if (data + REJECT_LEN > data_end)
+		return -1;
+	__builtin_memcpy(eth->h_dest, ri->client_mac, 6);
+	__builtin_memcpy(eth->h_source, ri->node_mac, 6);
+	eth->h_proto = bpf_htons(ETH_P_IP);
+
+	ip->version = 4;
+	ip->ihl = 5;
+	ip->tos = 0xc0; /* as Linux sends ICMP errors */
+	ip->tot_len = bpf_htons(REJECT_LEN - ETH_HLEN_);
+	ip->id = 0;
+	ip->frag_off = 0;
+	ip->ttl = 64;
+	ip->protocol = IPPROTO_ICMP;
+	ip->saddr = orig->daddr; /* from the VIP */
+	ip->daddr = orig->saddr;
+	ip->check = 0;
+
+	ih->type = ICMP_DEST_UNREACH;
+	ih->code = ICMP_PORT_UNREACH;
+	ih->checksum = 0;
+	ih->un.gateway = 0;
+	__builtin_memcpy((void *)(ih + 1), ri->quote, REJECT_QUOTE);
+
+	ip->check = csum_of((const __u16 *)ip, 10);
+	ih->checksum = csum_of((const __u16 *)ih, (8 + REJECT_QUOTE) / 2);
+	return 0;
+}
+
+#endif
