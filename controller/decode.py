@@ -14,15 +14,16 @@ SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 
 def is_ip(text) -> bool:
     """IPv4 or IPv6, as the API formats them (inet_pton: C-fast, unlike ipaddress)."""
-    if not isinstance(text, str):
+    try:
+        socket.inet_pton(socket.AF_INET, text)
+        return True
+    except (OSError, TypeError):
+        pass
+    try:
+        socket.inet_pton(socket.AF_INET6, text)
+        return True
+    except (OSError, TypeError):
         return False
-    for family in (socket.AF_INET, socket.AF_INET6):
-        try:
-            socket.inet_pton(family, text)
-            return True
-        except OSError:
-            pass
-    return False
 
 
 class DecodeError(ValueError):
@@ -70,22 +71,22 @@ def decode_slice(obj: dict) -> EndpointSlice:
         raise DecodeError("EndpointSlice", oid, f"metadata.labels[{SERVICE_NAME_LABEL}]", "missing")
     atype = obj.get("addressType") or "IPv4"
     endpoints = []
-    for i, ep in enumerate(obj.get("endpoints") or []):
-        addrs = ep.get("addresses") or []
+    append = endpoints.append  # the hot loop of a full sync: ~100k endpoints for 10k services
+    check_ip = atype in ("IPv4", "IPv6")
+    for i, ep in enumerate(obj.get("endpoints") or ()):
+        addrs = ep.get("addresses")
         if not addrs:
             continue
-        if atype in ("IPv4", "IPv6") and not is_ip(addrs[0]):
+        addr = addrs[0]
+        if check_ip and not is_ip(addr):
             raise DecodeError("EndpointSlice", oid, f"endpoints[{i}].addresses[0]",
-                              f"{addrs[0]!r} is not an IP address")
-        cond = ep.get("conditions") or {}
-        ready = cond.get("ready")
-        serving = cond.get("serving")
-        endpoints.append(Endpoint(
-            address=addrs[0],
-            ready=True if ready is None else bool(ready),          # absent = true (API docs)
-            serving=True if serving is None else bool(serving),        # as kube-proxy
-            terminating=bool(cond.get("terminating", False)),
-            node=ep.get("nodeName")))
+                              f"{addr!r} is not an IP address")
+        cond = ep.get("conditions")
+        if cond:  # absent ready/serving mean true, absent terminating false (as kube-proxy)
+            append(Endpoint(addr, cond.get("ready") is not False, cond.get("serving") is not False,
+                            cond.get("terminating") is True, ep.get("nodeName")))
+        else:
+            append(Endpoint(addr, True, True, False, ep.get("nodeName")))
     ports = []
     for i, p in enumerate(obj.get("ports") or []):
         ports.append(SlicePort(name=p.get("name") or "",

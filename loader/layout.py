@@ -12,7 +12,7 @@ import ipaddress
 import re
 import socket
 import sys
-from dataclasses import dataclass
+from typing import NamedTuple
 from pathlib import Path
 
 from .errors import KxlbError
@@ -158,8 +158,10 @@ def parse_addr_port(text: str, what: str, form: str) -> tuple[str, int]:
     return parse_ipv4(addr, what), parse_port(port, what)
 
 
-@dataclass(frozen=True, order=True)
-class ServiceKey:
+class ServiceKey(NamedTuple):
+    """A service as clients address it. A NamedTuple (not a dataclass): the controller
+    makes one per service port per sync, and tuples are cheap to build and hash."""
+
     vip: str
     port: int
     proto: int
@@ -184,8 +186,9 @@ class ServiceKey:
         return f"{self.vip}:{self.port}/{PROTO_NAMES.get(self.proto, self.proto)}"
 
 
-@dataclass(frozen=True, order=True)
-class Backend:
+class Backend(NamedTuple):
+    """Where a service slot sends new flows (a NamedTuple, for the same reason)."""
+
     addr: str
     port: int
 
