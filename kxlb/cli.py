@@ -6,6 +6,7 @@ command leaves the maps as they were.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import sys
@@ -104,8 +105,7 @@ def cmd_conntrack(a) -> None:
         return
     print(f"{'proto':5} {'from':21} {'to':21} {'translated to':21} {'expires':>8}  state")
     for r in rows:
-        arrow = r["dst"] if r["direction"] == "client" else r["dst"]
-        print(f"{r['protocol']:5} {r['src']:21} {arrow:21} {r['nat']:21} {r['expires_in_s']:>7}s  "
+        print(f"{r['protocol']:5} {r['src']:21} {r['dst']:21} {r['nat']:21} {r['expires_in_s']:>7}s  "
               f"{','.join(r['state']) or '-'}{'' if r['direction'] == 'client' else ' (reply)'}"
               f"{' via ' + r['masquerade'] if r['masquerade'] and r['direction'] == 'client' else ''}")
 
@@ -121,7 +121,6 @@ def cmd_stats(a) -> None:
                             **{name: getattr(c, name) for name, _ in c._fields_}})
         dp = {}
         for idx, name in sorted(DP_COUNTERS.items()):
-            import ctypes
             vals = maps.dp_stats.get(ctypes.c_uint32(idx)) or []
             dp[name] = sum(v.value for v in vals)
     if a.json:

@@ -21,6 +21,7 @@ K = TypeVar("K", bound=ctypes.Structure)
 V = TypeVar("V", bound=ctypes.Structure)
 
 DEFAULT_PIN_DIR = "/sys/fs/bpf/kxlb"
+ENOTSUPP = 524  # the kernel's "operation not supported" for a map type without batch ops
 
 
 class BpfMap(Generic[K, V]):
@@ -98,7 +99,7 @@ class BpfMap(Generic[K, V]):
             try:
                 return self._items_batch()
             except OSError as exc:
-                if exc.errno not in (errno.EINVAL, errno.ENOTSUPP if hasattr(errno, "ENOTSUPP") else 524, 524):
+                if exc.errno not in (errno.EINVAL, ENOTSUPP):
                     raise
         out = []
         for k in self.keys():
@@ -149,7 +150,7 @@ class BpfMap(Generic[K, V]):
         ret = bpfsys.lib().bpf_map_update_batch(self.fd, keys, vals, ctypes.byref(count), ctypes.byref(opts))
         if ret < 0:
             err = -ret
-            if err in (errno.EINVAL, 524):  # no batch support for this map type
+            if err in (errno.EINVAL, ENOTSUPP):  # no batch support for this map type
                 for i in range(n):
                     self.put(keys[i], vals[i], flags)
                 return

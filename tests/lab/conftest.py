@@ -110,3 +110,16 @@ def with_proxy(lab):
         return lab
     yield use
     lab.set_proxy("none")
+
+
+def echo_service_and_client(lab: Lab, k8s: kube.Namespace):
+    """3 echo pods behind Service "echo", and a client pod on node 2, all ready and
+    published. Returns (cluster IP, pod names, pods, the client pod's netns)."""
+    k8s.deployment("echo", 3)
+    svc = k8s.service("echo")
+    client = k8s.pod("client", ports=[], node_name=lab.node(2).name)
+    pods = k8s.ready_pods("echo", 3)
+    k8s.ready_pods("app=client", 1)
+    k8s.wait_endpoints("echo", [p["status"]["podIP"] for p in pods])
+    cns = lab.resolve_target(f"{k8s.name}/{client['metadata']['name']}")[0]
+    return svc["spec"]["clusterIP"], {p["metadata"]["name"] for p in pods}, pods, cns

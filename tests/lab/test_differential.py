@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from conftest import echo_service_and_client
 from kxlb.lab import kube
 from kxlb.lab.client import tcp_request, udp_request
 from kxlb.lab.cluster import http_get
@@ -15,14 +16,7 @@ from kxlb.lab.cluster import http_get
 @pytest.mark.parametrize("proxy", ["kube-proxy", "kxlb"])
 def test_clusterip_from_pods_outside_host_network_and_hairpin(with_proxy, k8s, proxy):
     lab = with_proxy(proxy)
-    k8s.deployment("echo", 3)
-    svc = k8s.service("echo")
-    client = k8s.pod("client", ports=[], node_name=lab.node(2).name)
-    pods = k8s.ready_pods("echo", 3)
-    k8s.ready_pods("app=client", 1)
-    k8s.wait_endpoints("echo", [p["status"]["podIP"] for p in pods])
-    vip, names = svc["spec"]["clusterIP"], {p["metadata"]["name"] for p in pods}
-    cns = lab.resolve_target(f"{k8s.name}/{client['metadata']['name']}")[0]
+    vip, names, pods, cns = echo_service_and_client(lab, k8s)
 
     def all_answer(send, what: str) -> Counter:
         seen: Counter = Counter()

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from conftest import echo_service_and_client
 from kxlb.lab import kube
 from kxlb.lab.client import tcp_request, udp_request
 from kxlb.lab.cluster import Lab, LabError, http_get, netns_exists
@@ -196,14 +197,7 @@ def test_kube_proxy_clusterip_reference(kube_proxy, k8s):
     traffic check is in test_differential.py, run against kube-proxy and kxlb alike."""
     lab = kube_proxy
     assert lab.proxy == "kube-proxy"
-    k8s.deployment("echo", 3)
-    svc = k8s.service("echo")
-    client = k8s.pod("client", ports=[], node_name=lab.node(2).name)
-    pods = k8s.ready_pods("echo", 3)
-    k8s.ready_pods("app=client", 1)
-    k8s.wait_endpoints("echo", [p["status"]["podIP"] for p in pods])
-    vip, names = svc["spec"]["clusterIP"], {p["metadata"]["name"] for p in pods}
-    cns = lab.resolve_target(f"{k8s.name}/{client['metadata']['name']}")[0]
+    vip, names, _, cns = echo_service_and_client(lab, k8s)
 
     def answered() -> bool:
         try:
