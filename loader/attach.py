@@ -28,7 +28,7 @@ REGISTRY_DIR = "/run/kxlb"
 class Attachment:
     iface: str
     netns: str | None   # None: the loader's own namespace
-    hook: str           # "tc" or "xdp"
+    hook: str           # "tc", "xdp", or "socklb" (iface is then a cgroup directory)
     mode: str = ""      # xdp: "generic" or "native"
 
 

@@ -64,7 +64,10 @@ def attach_one(dp: Datapath, iface: str, ns: str | None, xdp_mode: str | None, p
 
 def _detach(a: Attachment, missing_ok: bool) -> None:
     try:
-        if a.hook == "xdp":
+        if a.hook == "socklb":
+            from .socklb import detach_socket_lb
+            detach_socket_lb(a.iface)
+        elif a.hook == "xdp":
             attach.detach_xdp(a.netns, a.iface)
         else:
             attach.detach_tc(a.netns, a.iface)

@@ -2,7 +2,9 @@
 own, host-network processes, whose packets never cross a tc ingress hook."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 from dataclasses import dataclass
 
 from .compile import BPF_DIR, compile_source
@@ -54,4 +56,33 @@ def attach_socket_lb(pin_dir: str, cgroup: str) -> SocketLB:
     except Exception as exc:
         os.close(fd)
         raise KxlbError(f"attaching socket hooks to cgroup {cgroup}: {exc}") from None
+    from .attach import Attachment, Registry  # recorded, so `kxlb unload` finds them again
+
+    reg = Registry(pin_dir)
+    reg.save([a for a in reg.load() if (a.hook, a.iface) != ("socklb", cgroup)]
+             + [Attachment(iface=cgroup, netns=None, hook="socklb")])
     return SocketLB(bpf, cgroup, fd)
+
+
+# bpftool names attach types one way in its JSON, another on its command line
+_BPFTOOL_TYPES = {"cgroup_inet4_connect": "connect4", "cgroup_udp4_sendmsg": "sendmsg4",
+                  "cgroup_udp4_recvmsg": "recvmsg4", "cgroup_inet4_getpeername": "getpeername4"}
+
+
+def detach_socket_lb(cgroup: str) -> int:
+    """Detach our hooks (by program name) from ``cgroup``, from any process; returns how
+    many. A cgroup that is gone has nothing attached."""
+    if not os.path.isdir(cgroup):
+        return 0
+    r = subprocess.run(["bpftool", "-j", "cgroup", "show", cgroup], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise KxlbError(f"bpftool cgroup show {cgroup}: {r.stderr.strip()}")
+    n = 0
+    for prog in json.loads(r.stdout.strip() or "[]"):
+        if prog.get("name") in HOOKS and prog.get("attach_type") in _BPFTOOL_TYPES:
+            d = subprocess.run(["bpftool", "cgroup", "detach", cgroup, _BPFTOOL_TYPES[prog["attach_type"]],
+                                "id", str(prog["id"])], capture_output=True, text=True)
+            if d.returncode != 0:
+                raise KxlbError(f"detaching {prog['name']} from {cgroup}: {d.stderr.strip()}")
+            n += 1
+    return n

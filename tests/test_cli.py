@@ -169,3 +169,25 @@ def test_compile_error_carries_the_compiler_message(tmp_path, monkeypatch, pin_d
     with pytest.raises(KxlbError) as err:
         comp.compile_datapath(pin_dirs())
     assert "undeclared_thing" in str(err.value)
+
+
+def test_unload_detaches_socket_hooks_from_their_cgroup(netlab):
+    """The controller's socket-level hooks outlive it in their cgroup: unload finds them
+    through the registry and detaches them too."""
+    from kxlb.loader.socklb import attach_socket_lb
+
+    cgroup = f"/sys/fs/cgroup/unified/{netlab.tag}"
+    os.makedirs(cgroup)
+    try:
+        compile_datapath(netlab.pin_dir)
+        attach_socket_lb(netlab.pin_dir, cgroup)
+
+        def ours():
+            out = subprocess.run(["bpftool", "-j", "cgroup", "show", cgroup], capture_output=True, text=True).stdout
+            return sorted(p["name"] for p in json.loads(out.strip() or "[]"))
+        assert ours() == ["kxlb_connect4", "kxlb_getpeername4", "kxlb_recvmsg4", "kxlb_sendmsg4"]
+        r = kxlb(netlab.pin_dir, "unload")
+        assert r.returncode == 0, r.stderr
+        assert ours() == [] and not os.path.exists(netlab.pin_dir)
+    finally:
+        os.rmdir(cgroup)
