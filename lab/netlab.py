@@ -48,13 +48,22 @@ def _pid_alive(pid: int) -> bool:
 
 
 def cleanup_stale() -> list[str]:
-    """Delete lab namespaces (and their bpffs pins) left by processes that are gone."""
+    """Delete lab namespaces, bpffs pins and cgroups left by processes that are gone."""
     removed = []
     for ns in sh("ip", "netns", "list").stdout.split():
         m = re.fullmatch(rf"{PREFIX}(\d+)x\d+-\w+", ns)
         if m and not _pid_alive(int(m.group(1))):
             sh("ip", "netns", "del", ns, check=False)
             removed.append(ns)
+    cgroups = "/sys/fs/cgroup/unified"  # tests put host-network processes in kxl* cgroups
+    for d in os.listdir(cgroups) if os.path.isdir(cgroups) else []:
+        m = re.fullmatch(rf"{PREFIX}(\d+)x\d+", d)
+        if m and not _pid_alive(int(m.group(1))):
+            try:
+                os.rmdir(os.path.join(cgroups, d))  # detaches any program attached there
+                removed.append(d)
+            except OSError:
+                pass
     for d in os.listdir("/sys/fs/bpf") if os.path.isdir("/sys/fs/bpf") else []:
         m = re.fullmatch(rf"{PREFIX}(\d+)x\d+", d)
         if m and not _pid_alive(int(m.group(1))):
