@@ -32,7 +32,6 @@ struct pkt {
 	__u8   tcp_flags;
 	__u8   frag;        /* 1: a fragment (MF set or offset != 0) */
 	__u8   first_frag;  /* 1: carries the L4 header (offset 0) */
-	__u8   udp_csum;    /* UDP: 1 if the checksum is in use (non-zero) */
 	__u8   icmp_type;
 };
 
@@ -71,7 +70,6 @@ static __always_inline int parse_ipv4(void *data, void *data_end, __u32 len, str
 	p->sport = 0;
 	p->dport = 0;
 	p->tcp_flags = 0;
-	p->udp_csum = 0;
 	p->icmp_type = 0;
 	frag_off = bpf_ntohs(ip->frag_off);
 	p->frag = (frag_off & (IP_MF_ | IP_OFFSET_)) != 0;
@@ -93,7 +91,6 @@ static __always_inline int parse_ipv4(void *data, void *data_end, __u32 len, str
 			return PARSE_MALFORMED;
 		p->sport = uh->source;
 		p->dport = uh->dest;
-		p->udp_csum = uh->check != 0;
 	} else if (p->proto == IPPROTO_ICMP) {
 		struct icmphdr *ih = l4;
 		if ((void *)(ih + 1) > data_end)

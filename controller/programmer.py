@@ -99,8 +99,7 @@ class Programmer:
             log.warning("drift: %s in the maps is %s, expected %s; repairing", key,
                         got.backends if got else "missing", want.backends)
             try:
-                if got is None:
-                    self.table.maps.services.delete(key.to_c())
+                if got is None:  # the entry is gone: add it afresh
                     self.current[key] = self.table.add(key, want.backends)
                 else:
                     self.current[key] = self.table.set_backends(key, want.backends)

@@ -9,21 +9,21 @@ import socket
 from kxlb.loader.netns import netns
 
 
-def tcp_connect(ns: str, addr: str, port: int, timeout: float = 3.0) -> socket.socket:
+def _connect(kind: int, ns: str, addr: str, port: int, timeout: float) -> socket.socket:
     with netns(ns):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s = socket.socket(socket.AF_INET, kind)
     s.settimeout(timeout)
     s.connect((addr, port))
     return s
+
+
+def tcp_connect(ns: str, addr: str, port: int, timeout: float = 3.0) -> socket.socket:
+    return _connect(socket.SOCK_STREAM, ns, addr, port, timeout)
 
 
 def udp_connect(ns: str, addr: str, port: int, timeout: float = 3.0) -> socket.socket:
     """A UDP socket of namespace ``ns`` connected to addr:port (it receives ICMP errors)."""
-    with netns(ns):
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.settimeout(timeout)
-    s.connect((addr, port))
-    return s
+    return _connect(socket.SOCK_DGRAM, ns, addr, port, timeout)
 
 
 def tcp_exchange(s: socket.socket, line: str = "hello") -> str:

@@ -156,9 +156,6 @@ class BpfMap(Generic[K, V]):
                 return
             bpfsys.check(ret, f"batch update in {self.path} ({count.value} of {n} written)")
 
-    def delete_many(self, keys_list: list[K]) -> None:
-        for k in keys_list:
-            self.delete(k)
 
 
 @dataclass
