@@ -7,7 +7,10 @@
 /* Map capacities (overridable at compile time with -D, e.g. for tests of a full map;
  * user space reads the real capacity from the map itself). */
 #ifndef KXLB_MAX_SERVICES
-#define KXLB_MAX_SERVICES        131072  /* VIP:port/proto entries; also svc_id range */
+#define KXLB_MAX_SERVICES        131072  /* service ports: the svc_id range (svc_stats) */
+#endif
+#ifndef KXLB_MAX_FRONTENDS
+#define KXLB_MAX_FRONTENDS       262144  /* svc_map: every way into a service port, and markers */
 #endif
 #ifndef KXLB_MAX_BACKEND_SLOTS
 #define KXLB_MAX_BACKEND_SLOTS   1048576 /* backend slots over all services, both generations */
@@ -16,6 +19,13 @@
 #ifndef KXLB_CT_ENTRIES
 #define KXLB_CT_ENTRIES          262144  /* conntrack: two entries (fwd + rev) per flow */
 #endif
+#ifndef KXLB_AFFINITY_ENTRIES
+#define KXLB_AFFINITY_ENTRIES    65536   /* ClientIP session affinity: (service port, client) pairs */
+#endif
+#ifndef KXLB_SRC_RANGE_ENTRIES
+#define KXLB_SRC_RANGE_ENTRIES   16384   /* loadBalancerSourceRanges over all service ports */
+#endif
+#define KXLB_MAX_SVC_CIDRS       4       /* service CIDRs (ServiceCIDR objects) the datapath knows */
 #ifndef KXLB_FRAG_ENTRIES
 #define KXLB_FRAG_ENTRIES        8192    /* in-flight fragmented datagrams */
 #endif
@@ -27,6 +37,31 @@
 #define KXLB_CT_UDP_S            30      /* UDP flow until the backend answered (Linux: 30 s) */
 #define KXLB_CT_UDP_REPLIED_S    120     /* UDP flow that saw a reply (Linux "stream": 120 s) */
 #define KXLB_CT_REFRESH_S        1       /* an entry's deadline is rewritten at most this often */
+
+/* Frontend kinds (struct svc_value.kind): how clients reach a service port. */
+#define KXLB_KIND_CLUSTER_IP     0       /* spec.clusterIPs */
+#define KXLB_KIND_NODE_PORT      1       /* ports[].nodePort on a node address (--nodeport-addresses) */
+#define KXLB_KIND_EXTERNAL_IP    2       /* spec.externalIPs */
+#define KXLB_KIND_LOAD_BALANCER  3       /* status.loadBalancer.ingress[].ip */
+#define KXLB_KIND_MARKER         4       /* a live cluster IP (port 0): other ports are rejected */
+
+/* Frontend flags (struct svc_value.flags). */
+#define KXLB_SVC_F_LOCAL         0x01    /* traffic policy Local: iTP for a cluster IP, eTP otherwise */
+#define KXLB_SVC_F_HAS_ENDPOINTS 0x02    /* some usable endpoint exists on some node: an empty set drops */
+#define KXLB_SVC_F_AFFINITY      0x04    /* sessionAffinity ClientIP for svc_value.affinity_s seconds */
+#define KXLB_SVC_F_SRC_RANGES    0x08    /* loadBalancerSourceRanges: other sources are dropped */
+
+/* Backend sets of a service port (struct backend_key.set). */
+#define KXLB_SET_CLUSTER         0       /* cluster-wide endpoints (topology-filtered) */
+#define KXLB_SET_LOCAL           1       /* this node's endpoints */
+
+/* Where a new flow comes from, as traffic policies see it. */
+#define KXLB_ORIGIN_EXTERNAL     0       /* outside the cluster CIDR */
+#define KXLB_ORIGIN_POD          1       /* inside the cluster CIDR (kube-proxy's detect-local) */
+#define KXLB_ORIGIN_NODE         2       /* a process on this node (socket hooks) */
+
+/* Configuration flags (struct lb_config.flags). */
+#define KXLB_CFG_F_MASQUERADE_ALL 0x01   /* masquerade every new flow to a cluster IP (--masquerade-all) */
 
 /* Conntrack entry direction. */
 #define KXLB_CT_DIR_FWD          0       /* client -> VIP, as sent by the client */
@@ -49,12 +84,17 @@
 #define KXLB_ST_ICMP_NAT         6       /* ICMP error about a tracked flow translated */
 #define KXLB_ST_FRAG_NAT         7       /* non-first fragment of a translated datagram */
 #define KXLB_ST_FRAG_UNKNOWN     8       /* non-first fragment seen before its first: passed */
-#define KXLB_ST_NO_BACKEND       9       /* service without backends: rejected (ICMP) or dropped */
+#define KXLB_ST_NO_BACKEND       9       /* service without any endpoint: rejected (ICMP) */
 #define KXLB_ST_SLOT_RETRY       10      /* backend slot vanished under a swap: retried */
 #define KXLB_ST_CT_FULL          11      /* conntrack insert failed: dropped */
 #define KXLB_ST_SNAT             12      /* new flow, masqueraded (hairpin or from outside) */
 #define KXLB_ST_SNAT_NO_PORT     13      /* no free masquerade port: dropped */
-#define KXLB_ST_MAX              16
+#define KXLB_ST_NO_LOCAL         14      /* Local policy without a local endpoint: dropped */
+#define KXLB_ST_SRC_RANGE        15      /* source outside loadBalancerSourceRanges: dropped */
+#define KXLB_ST_BAD_PORT         16      /* cluster IP on a port no Service defines: rejected */
+#define KXLB_ST_UNALLOCATED      17      /* unallocated address of a service CIDR: dropped */
+#define KXLB_ST_AFFINITY         18      /* new flow sent to its client's affinity backend */
+#define KXLB_ST_MAX              24
 
 /* Masquerade: source ports tried when the client's own port is taken on the SNAT
  * address (a hash picks them in [32768, 65535]). */

@@ -8,8 +8,10 @@
  *   -> later fragment?       follow the first fragment's translation (frag_map)
  *   -> ICMP error?           translate it if it quotes a tracked flow
  *   -> FWD conntrack hit?    client packet of a known flow: DNAT to its backend
- *   -> service hit?          new flow: pick a backend, track it, DNAT
+ *   -> frontend hit?         new flow: lb_decide() (policy, affinity, masquerade),
+ *                            track it, DNAT; or reject/drop as kube-proxy would
  *   -> REV conntrack hit?    backend reply: SNAT back to VIP:port
+ *   -> service CIDR?         bad port of a cluster IP: reject; unallocated: drop
  *   -> otherwise             not ours: pass untouched */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/if_ether.h>
@@ -73,20 +75,38 @@ static __always_inline int frag_follow(const struct pkt *p, struct nat_plan *n)
 	return LB_NAT;
 }
 
-/* The address to masquerade a new flow to, or 0: kube-proxy's rules (hairpin, or a
- * client from outside the cluster CIDR) when the controller configured an address. */
-static __always_inline __be32 masquerade_addr(const struct pkt *p, const struct backend *be)
+/* Where a new flow comes from, as traffic policies see it: kube-proxy's detect-local
+ * (the cluster CIDR). Without one configured every client counts as external. */
+static __always_inline __u8 packet_origin(const struct lb_config *cfg, __be32 saddr)
 {
-	__u32 zero = 0;
-	struct lb_config *cfg = cfg_map.lookup(&zero);
+	if (cfg && cfg->cluster_mask && (saddr & cfg->cluster_mask) == cfg->cluster_cidr)
+		return KXLB_ORIGIN_POD;
+	return KXLB_ORIGIN_EXTERNAL;
+}
 
-	if (!cfg || !cfg->snat_addr)
-		return 0;
-	if (p->saddr == be->addr)
-		return cfg->snat_addr;                              /* hairpin */
-	if (cfg->cluster_mask && (p->saddr & cfg->cluster_mask) != cfg->cluster_cidr)
-		return cfg->snat_addr;                              /* from outside */
-	return 0;
+/* Reject a new flow (ICMP port unreachable), or drop it when it cannot be quoted (a
+ * fragment, IP options). */
+static __always_inline int reject_or_drop(void *data, void *data_end, const struct pkt *p,
+					  struct reject_info *ri)
+{
+	if (!p->frag && reject_save(data, data_end, ri) == 0)
+		return LB_REJECT;
+	return LB_DROP;
+}
+
+/* No frontend and no flow: pass, unless it addresses the service CIDR (a cluster IP on
+ * a port no Service defines is rejected, an unallocated address dropped). */
+static __always_inline int not_a_service(void *data, void *data_end, const struct pkt *p,
+					 struct reject_info *ri)
+{
+	switch (lb_unknown_service_addr(lb_config_get(), p->daddr)) {
+	case LB_DEC_REJECT:
+		return reject_or_drop(data, data_end, p, ri);
+	case LB_DEC_DROP:
+		return LB_DROP;
+	}
+	stat_inc(KXLB_ST_PASS);
+	return LB_PASS;
 }
 
 /* The rewrite a conntrack entry prescribes for a packet of its direction. */
@@ -151,13 +171,10 @@ static __always_inline int lb_process(void *data, void *data_end, __u32 len, str
 			stat_inc(KXLB_ST_ICMP_NAT);
 			return LB_DONE;
 		}
-		stat_inc(KXLB_ST_PASS);
-		return LB_PASS;
+		return not_a_service(data, data_end, &p, ri); /* ping to a cluster IP: rejected */
 	}
-	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP) {
-		stat_inc(KXLB_ST_PASS);
-		return LB_PASS;
-	}
+	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP)
+		return not_a_service(data, data_end, &p, ri);
 
 	/* 1. Client packet of a tracked flow: its backend is already decided. */
 	struct ct_key k = {.saddr = p.saddr, .daddr = p.daddr, .sport = p.sport,
@@ -167,31 +184,36 @@ static __always_inline int lb_process(void *data, void *data_end, __u32 len, str
 	if (e && ct_usable(e, &p, now))
 		return ct_translate(&k, e, &p, now, n);
 
-	/* 2. New flow to a service. */
+	/* 2. New flow to a service frontend. */
 	struct svc_key sk = {.vip = p.daddr, .port = p.dport, .proto = p.proto};
 	svp = svc_map.lookup(&sk);
 	if (svp) {
-		struct svc_value sv = *svp; /* one snapshot: count and gen together */
-		struct backend be;
+		struct svc_value sv = *svp; /* one snapshot: sizes and gen together */
+		struct lb_config *cfg = lb_config_get();
+		struct lb_flow f = {.client = p.saddr, .origin = packet_origin(cfg, p.saddr),
+				    .hash = flow_hash(p.saddr, p.daddr, ((__u32)p.sport << 16) | p.dport,
+						      KXLB_HASH_SEED ^ p.proto)};
+		struct lb_choice c;
 
-		if (lb_select(&sk, &sv, &p, &be) < 0) {
-			stat_inc(KXLB_ST_NO_BACKEND);
-			if (sv.count == 0 && !p.frag && reject_save(data, data_end, ri) == 0)
-				return LB_REJECT; /* no endpoint at all: fail fast */
+		switch (lb_decide(&sk, &sv, &f, cfg, &c)) {
+		case LB_DEC_BACKEND:
+			break;
+		case LB_DEC_REJECT:
+			return reject_or_drop(data, data_end, &p, ri);
+		default:
 			return LB_DROP;
 		}
 		if (!now)
 			now = bpf_ktime_get_ns();
-		__be32 snat = masquerade_addr(&p, &be);
 		struct ct_entry fe;
-		int err = ct_create(&k, &p, &be, sv.svc_id, now, snat, p.sport ^ p.saddr, &fe);
+		int err = ct_create(&k, &p, &c.be, sv.svc_id, now, c.snat, p.sport ^ p.saddr, &fe);
 		if (err < 0) {
 			stat_inc(err == -2 ? KXLB_ST_SNAT_NO_PORT : KXLB_ST_CT_FULL);
 			return LB_DROP;
 		}
 		ct_plan(KXLB_CT_DIR_FWD, &fe, &p, n); /* as the entry just written says */
 		svc_account(sv.svc_id, KXLB_CT_DIR_FWD, len, 1);
-		stat_inc(snat ? KXLB_ST_SNAT : KXLB_ST_NEW_FLOW);
+		stat_inc(c.snat ? KXLB_ST_SNAT : KXLB_ST_NEW_FLOW);
 		frag_remember(&p, n);
 		return LB_NAT;
 	}
@@ -204,8 +226,7 @@ static __always_inline int lb_process(void *data, void *data_end, __u32 len, str
 	if (e && e->expires_ns > now)
 		return ct_translate(&k, e, &p, now, n);
 
-	stat_inc(KXLB_ST_PASS);
-	return LB_PASS;
+	return not_a_service(data, data_end, &p, ri);
 }
 
 int kxlb_tc(struct __sk_buff *skb)

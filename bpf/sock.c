@@ -2,8 +2,8 @@
 /* Socket-level service translation for processes on the node itself (host network).
  *
  * Their packets never cross a tc ingress hook, so the service is resolved where the
- * socket is addressed instead, in cgroup hooks, from the same svc_map/backend_map as
- * the packet datapath:
+ * socket is addressed instead, in cgroup hooks, from the same maps and the same
+ * decision (lb.h, lb_decide()) as the packet datapath:
  *   connect4      TCP connect() and connected UDP: VIP:port -> backend
  *   sendmsg4      unconnected UDP sendto(VIP:port): per datagram -> backend
  *   recvmsg4      unconnected UDP replies: backend -> VIP:port as the source
@@ -15,9 +15,13 @@
 #define SOCK_STREAM_ 1
 #define SOCK_DGRAM_ 2
 
+#define ECONNREFUSED_ 111
+#define ETIMEDOUT_ 110
+
 #define KXLB_DATAPATH 1
 #include "maps.h"
 #include "hash.h"
+#include "lb.h"
 
 static __always_inline __u8 sock_proto(struct bpf_sock_addr *ctx)
 {
@@ -28,37 +32,50 @@ static __always_inline __u8 sock_proto(struct bpf_sock_addr *ctx)
 	return 0;
 }
 
-/* VIP:port -> backend for this socket. 1: let the call proceed, 0: refuse it (a
- * service with no backend: fail fast, as kube-proxy's reject does). */
+/* Fail the socket call with `err` (a negative errno) instead of the hook's EPERM:
+ * ECONNREFUSED is what a rejected connection gives a client under kube-proxy. */
+static long (*kx_set_retval)(int retval) = (void *)BPF_FUNC_set_retval;
+
+/* VIP:port -> backend for this socket, with lb_decide() as the packet path does, the
+ * node as the client (origin node: external frontends short-circuit to the cluster-wide
+ * set, as kube-proxy does for local traffic). 1: let the call proceed; 0: refuse it,
+ * ECONNREFUSED where kube-proxy rejects, ETIMEDOUT where it drops (the socket would
+ * only have waited for that). */
 static __always_inline int sock_translate(struct bpf_sock_addr *ctx)
 {
 	struct svc_key sk = {};
-	struct svc_value *sv;
-	struct backend_key bk = {};
-	struct backend *be;
+	struct svc_value *svp;
+	struct lb_choice c;
 
 	sk.proto = sock_proto(ctx);
 	if (!sk.proto)
 		return 1;
 	sk.vip = ctx->user_ip4;
 	sk.port = (__be16)ctx->user_port;
-	sv = svc_map.lookup(&sk);
-	if (!sv)
+	svp = svc_map.lookup(&sk);
+	if (!svp)
 		return 1;
-	if (sv->count == 0)
-		return 0;
+	struct svc_value sv = *svp;
+	struct lb_config *cfg = lb_config_get();
 	__u64 cookie = bpf_get_socket_cookie(ctx);
-	bk.svc_id = sv->svc_id;
-	bk.gen = sv->gen;
-	bk.slot = flow_hash((__u32)cookie, (__u32)(cookie >> 32), sk.port, KXLB_HASH_SEED) % sv->count;
-	be = backend_map.lookup(&bk);
-	if (!be)
-		return 1; /* mid-swap: the packet path has no tc hook here; pass as is */
-	struct sock_rev_key rk = {.cookie = cookie, .addr = be->addr, .port = be->port};
+	struct lb_flow f = {.client = cfg ? cfg->snat_addr : 0, .origin = KXLB_ORIGIN_NODE,
+			    .hash = flow_hash((__u32)cookie, (__u32)(cookie >> 32), sk.port, KXLB_HASH_SEED)};
+
+	switch (lb_decide(&sk, &sv, &f, cfg, &c)) {
+	case LB_DEC_BACKEND:
+		break;
+	case LB_DEC_REJECT:
+		kx_set_retval(-ECONNREFUSED_);
+		return 0;
+	default:
+		kx_set_retval(-ETIMEDOUT_);
+		return 0;
+	}
+	struct sock_rev_key rk = {.cookie = cookie, .addr = c.be.addr, .port = c.be.port};
 	struct sock_rev_value rv = {.vip = sk.vip, .port = sk.port};
 	sock_rev.update(&rk, &rv);
-	ctx->user_ip4 = be->addr;
-	ctx->user_port = be->port;
+	ctx->user_ip4 = c.be.addr;
+	ctx->user_port = c.be.port;
 	return 1;
 }
 

@@ -1,8 +1,10 @@
-"""Applying a desired state to the maps: only the difference, each service atomically.
+"""Applying a desired state to the maps: only the difference, each service port
+atomically (loader/services.py keeps the write order).
 
-Holds what it last wrote (adopted from the pinned maps at start), so a change costs
-map writes for the services that changed and nothing else. `reconcile()` compares the
-maps themselves with that record and rewrites whatever was altered behind our back.
+The table remembers what it last wrote (adopted from the pinned maps at start), so a
+change costs map writes for the service ports that changed and nothing else.
+`reconcile()` compares the maps themselves with that record and rewrites whatever was
+altered behind our back.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from kxlb.loader.errors import KxlbError
 from kxlb.loader.layout import Backend, ServiceKey
 from kxlb.loader.maps import Maps
 from kxlb.loader.services import ServiceState, ServiceTable
+from kxlb.loader.svcspec import LbService
 
 log = logging.getLogger("kxlb.controller")
 UDP = socket.IPPROTO_UDP
@@ -25,90 +28,98 @@ class ApplyResult:
     updated: int = 0
     deleted: int = 0
     failed: list[str] = field(default_factory=list)
-    udp_removed: dict[ServiceKey, set[Backend]] = field(default_factory=dict)  # flows to flush
+    udp_removed: dict[ServiceKey, set[Backend]] = field(default_factory=dict)  # frontend -> backends gone
 
     @property
     def changed(self) -> int:
         return self.added + self.updated + self.deleted
 
+    def note_udp(self, old: LbService, new: LbService | None) -> None:
+        """UDP flows to backends that left (through any frontend) are to be flushed."""
+        if old.key.proto != UDP:
+            return
+        gone = set(old.cluster) | set(old.local)
+        if new is not None:
+            gone -= set(new.cluster) | set(new.local)
+        if gone:
+            for fe in old.all_frontends:
+                self.udp_removed.setdefault(fe.key, set()).update(gone)
+
 
 class Programmer:
     def __init__(self, maps: Maps):
         self.table = ServiceTable(maps)
-        self.current: dict[ServiceKey, ServiceState] = self.table.read_all()
 
-    def apply(self, desired: dict[ServiceKey, tuple[Backend, ...]],
-              owners: dict[ServiceKey, str] | None = None,
-              scope: set[ServiceKey] | None = None) -> ApplyResult:
+    @property
+    def current(self) -> dict[ServiceKey, ServiceState]:
+        return self.table.states
+
+    def apply(self, desired: dict[ServiceKey, LbService], scope: set[ServiceKey] | None = None) -> ApplyResult:
         """Make the maps hold ``desired``. With ``scope``, only those keys are looked at
         (an incremental sync: the keys of the services that changed); without, every key
         (a full sync: anything in the maps and not desired goes)."""
-        owners = owners or {}
         res = ApplyResult()
-        keys = scope if scope is not None else set(self.current) | set(desired)
-        # Deletions first: they free room for what comes next.
-        for key in [k for k in keys if k in self.current and k not in desired]:
+        current = self.current
+        keys = scope if scope is not None else set(current) | set(desired)
+        # Deletions first: they free room (and frontends) for what comes next.
+        for key in [k for k in keys if k in current and k not in desired]:
+            old = current[key].spec
             try:
                 self.table.delete(key)
                 res.deleted += 1
-                if key.proto == UDP:
-                    res.udp_removed[key] = set(self.current[key].backends)
+                res.note_udp(old, None)
             except KxlbError as exc:
                 res.failed.append(str(exc))
-            self.current.pop(key, None)
+        retry: list[LbService] = []
         for key in keys:
-            cur, backends = self.current.get(key), desired.get(key)
-            if cur is not None and backends is not None and cur.backends != backends:
-                try:
-                    self.current[key] = self.table.set_backends(key, backends)
-                    res.updated += 1
-                    if key.proto == UDP:
-                        res.udp_removed[key] = set(cur.backends) - set(backends)
-                except KxlbError as exc:
-                    res.failed.append(f"{owners.get(key, key)}: {exc}")
-        new = {k: desired[k] for k in keys if k in desired and k not in self.current}
+            cur, want = current.get(key), desired.get(key)
+            if cur is None or want is None or cur.spec == want.canonical():
+                continue
+            try:
+                self.table.put(want)
+                res.updated += 1
+                res.note_udp(cur.spec, want)
+            except KxlbError:
+                retry.append(want)  # a frontend may be freed by a later update of this sync
+        new = [desired[k] for k in keys if k in desired and k not in current]
         if new:
             try:
-                states = self.table.add_many(new)
+                res.added += len(self.table.add_many(new))
             except KxlbError:
-                states = self._add_one_by_one(new, owners, res)
-            for st in states:
-                self.current[st.key] = st
-            res.added += len(states)
+                retry = new + retry  # one by one: what fits goes in, the rest is reported
+        for spec in retry:
+            try:
+                existed = spec.key in self.current
+                self.table.put(spec)
+                if existed:
+                    res.updated += 1
+                else:
+                    res.added += 1
+            except KxlbError as exc:
+                res.failed.append(f"{spec.label}: {exc}")
         return res
 
-    def _add_one_by_one(self, new, owners, res: ApplyResult) -> list[ServiceState]:
-        """The batch was refused (a full map, a service too large): add what fits."""
-        states = []
-        for key, backends in new.items():
-            try:
-                states.append(self.table.add(key, backends))
-            except KxlbError as exc:
-                res.failed.append(f"{owners.get(key, key)}: {exc}")
-        return states
-
     def reconcile(self) -> list[ServiceKey]:
-        """Rewrite every service whose map content differs from what we wrote (an entry
-        deleted, altered or added by hand). Returns the keys repaired."""
+        """Rewrite every service port whose map content differs from what we wrote (an
+        entry deleted, altered or added by hand). Returns the keys repaired."""
+        want = {k: st.spec for k, st in self.current.items()}
         actual = self.table.read_all()
+        self.table.adopt(actual)
         repaired = []
-        for key, want in list(self.current.items()):
-            got = actual.get(key)
-            if got is not None and got.backends == want.backends and got.svc_id == want.svc_id:
-                continue
-            log.warning("drift: %s in the maps is %s, expected %s; repairing", key,
-                        got.backends if got else "missing", want.backends)
-            try:
-                if got is None:  # the entry is gone: add it afresh
-                    self.current[key] = self.table.add(key, want.backends)
-                else:
-                    self.current[key] = self.table.set_backends(key, want.backends)
-                repaired.append(key)
-            except KxlbError as exc:
-                log.error("drift repair of %s failed: %s", key, exc)
-        for key in actual.keys() - self.current.keys():
+        for key in actual.keys() - want.keys():
             log.warning("drift: %s is in the maps but not in the cluster; removing", key)
             self.table.delete(key)
             repaired.append(key)
-        self.table.forget_counts()  # hand edits may have changed them
+        for key, spec in want.items():
+            got = actual.get(key)
+            if got is not None and got.spec == spec:
+                continue
+            log.warning("drift: %s in the maps is %s, expected %s; repairing", key,
+                        got.spec if got else "missing", spec)
+            try:
+                self.table.put(spec)
+                repaired.append(key)
+            except KxlbError as exc:
+                log.error("drift repair of %s failed: %s", key, exc)
+        self.table.sync_markers()
         return repaired

@@ -6,7 +6,6 @@ command leaves the maps as they were.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import sys
@@ -14,9 +13,11 @@ import time
 
 from kxlb.loader import datapath
 from kxlb.loader.errors import KxlbError
-from kxlb.loader.layout import C, DP_COUNTERS, PROTO_NAMES, Backend, ServiceKey, raw_to_ip, raw_to_port
+from kxlb.loader.layout import (C, PROTO_NAMES, Backend, ServiceKey, parse_addr_port, parse_ipv4, raw_to_ip,
+                               raw_to_port)
 from kxlb.loader.maps import DEFAULT_PIN_DIR, Maps
 from kxlb.loader.services import ServiceTable
+from kxlb.loader.svcspec import Frontend, Kind, LbService
 
 CT_FLAG_NAMES = {C["CT_F_REPLIED"]: "replied", C["CT_F_FIN_FWD"]: "fin-client",
                  C["CT_F_FIN_REV"]: "fin-backend", C["CT_F_RST"]: "rst", C["CT_F_SNAT"]: "masqueraded"}
@@ -44,13 +45,32 @@ def cmd_unload(a) -> None:
 
 
 # --- services -------------------------------------------------------------------------------
+def _spec_from_args(a, key: ServiceKey) -> LbService:
+    """`service add` arguments -> the service port they describe."""
+    cluster = tuple(Backend.parse(b) for b in a.backends)
+    local = tuple(Backend.parse(b) for b in a.local)
+    fes = [Frontend(ServiceKey(*parse_addr_port(t, f"--node-port {t!r}", "ADDR:PORT"), key.proto), Kind.NODE_PORT)
+           for t in a.node_port]
+    fes += [Frontend(ServiceKey(parse_ipv4(ip, "--external-ip"), key.port, key.proto), Kind.EXTERNAL_IP)
+            for ip in a.external_ip]
+    fes += [Frontend(ServiceKey(parse_ipv4(ip, "--load-balancer-ip"), key.port, key.proto), Kind.LOAD_BALANCER)
+            for ip in a.load_balancer_ip]
+    return LbService(key=key, cluster=cluster, local=local, frontends=tuple(fes),
+                     internal_local=a.internal_local, external_local=a.external_local,
+                     has_endpoints=bool(cluster or local), affinity_s=a.affinity,
+                     source_ranges=tuple(a.source_range), name=str(key))
+
+
 def cmd_service(a) -> None:
     key = ServiceKey.parse(a.service)
     backends = [Backend.parse(b) for b in getattr(a, "backends", [])]
     with Maps.open(a.pin_dir) as maps:
         table = ServiceTable(maps)
         if a.action == "add":
-            st = table.add(key, backends)
+            spec = _spec_from_args(a, key)
+            if key in table.states:
+                raise KxlbError(f"service {key} already exists (use `service set-backends`)")
+            st = table.put(spec)
         elif a.action == "set-backends":
             st = table.set_backends(key, backends)
         else:
@@ -60,19 +80,49 @@ def cmd_service(a) -> None:
     print(f"kxlb: service {key} (id {st.svc_id}) -> {', '.join(map(str, st.backends)) or 'no backends'}")
 
 
+def _options(spec: LbService) -> list[str]:
+    out = []
+    if spec.internal_local:
+        out.append("internalTrafficPolicy=Local")
+    if spec.external_local:
+        out.append("externalTrafficPolicy=Local")
+    if spec.affinity_s:
+        out.append(f"sessionAffinity=ClientIP({spec.affinity_s}s)")
+    if spec.source_ranges:
+        out.append("sourceRanges=" + ",".join(spec.source_ranges))
+    if not spec.has_endpoints:
+        out.append("no-endpoints(reject)")
+    return out
+
+
 def cmd_list(a) -> None:
     with Maps.open(a.pin_dir) as maps:
         services = sorted(ServiceTable(maps).read_all().values(), key=lambda s: s.key)
     if a.json:
         _print_json([{"service": str(s.key), "vip": s.key.vip, "port": s.key.port,
                       "protocol": PROTO_NAMES[s.key.proto], "id": s.svc_id,
-                      "backends": [str(b) for b in s.backends]} for s in services])
+                      "frontends": [{"address": fe.key.vip, "port": fe.key.port, "kind": fe.kind.label}
+                                    for fe in s.spec.all_frontends],
+                      "internal_traffic_policy": "Local" if s.spec.internal_local else "Cluster",
+                      "external_traffic_policy": "Local" if s.spec.external_local else "Cluster",
+                      "session_affinity_s": s.spec.affinity_s,
+                      "source_ranges": list(s.spec.source_ranges),
+                      "has_endpoints": s.spec.has_endpoints,
+                      "backends": [str(b) for b in s.backends],
+                      "local_backends": [str(b) for b in s.spec.local]} for s in services])
         return
-    print("Prot VIP:Port                 Id      Backends")
+    print("Prot Frontend                 Kind          Id      Backends (local)  Options")
     for s in services:
-        print(f"{PROTO_NAMES[s.key.proto].upper():4} {s.key.vip + ':' + str(s.key.port):24} {s.svc_id:<7} {len(s.backends)}")
+        proto = PROTO_NAMES[s.key.proto].upper()
+        opts = " ".join(_options(s.spec))
+        print(f"{proto:4} {s.key.vip + ':' + str(s.key.port):24} {'ClusterIP':13} {s.svc_id:<7} "
+              f"{len(s.backends)} ({len(s.spec.local)}){'':10} {opts}".rstrip())
+        for fe in s.spec.frontends:
+            print(f"{'':4} {fe.key.vip + ':' + str(fe.key.port):24} {fe.kind.label}")
         for b in s.backends:
             print(f"  -> {b}")
+        for b in s.spec.local:
+            print(f"  -> {b} (local)")
 
 
 def _flow_rows(maps: Maps, include_all: bool) -> list[dict]:
@@ -119,10 +169,7 @@ def cmd_stats(a) -> None:
             c = table.counters(s.svc_id)
             per_svc.append({"service": str(s.key), "id": s.svc_id,
                             **{name: getattr(c, name) for name, _ in c._fields_}})
-        dp = {}
-        for idx, name in sorted(DP_COUNTERS.items()):
-            vals = maps.dp_stats.get(ctypes.c_uint32(idx)) or []
-            dp[name] = sum(v.value for v in vals)
+        dp = table.datapath_counters()
     if a.json:
         _print_json({"services": per_svc, "datapath": dp})
         return
@@ -166,6 +213,26 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("service", metavar="VIP:PORT/PROTO")
         s.add_argument("backends", nargs="*", metavar="BACKEND:PORT")
         s.set_defaults(func=cmd_service)
+        if name != "add":
+            continue
+        s.add_argument("--node-port", action="append", default=[], metavar="ADDR:PORT",
+                       help="also reachable on this node address and port (a NodePort); repeatable")
+        s.add_argument("--external-ip", action="append", default=[], metavar="IP",
+                       help="also reachable on IP at the service port (an externalIP); repeatable")
+        s.add_argument("--load-balancer-ip", action="append", default=[], metavar="IP",
+                       help="also reachable on this load-balancer IP at the service port; repeatable")
+        s.add_argument("--local", action="append", default=[], metavar="BACKEND:PORT",
+                       help="a backend on this node (the set Local traffic policies use); repeatable")
+        s.add_argument("--internal-local", action="store_true",
+                       help="internalTrafficPolicy Local: the VIP uses only --local backends")
+        s.add_argument("--external-local", action="store_true",
+                       help="externalTrafficPolicy Local: outside clients of the other frontends use only "
+                            "--local backends and keep their source address")
+        s.add_argument("--affinity", type=int, default=0, metavar="SECONDS",
+                       help="sessionAffinity ClientIP: a client keeps its backend for SECONDS after its last "
+                            "new connection")
+        s.add_argument("--source-range", action="append", default=[], metavar="CIDR",
+                       help="loadBalancerSourceRanges: only these clients reach --load-balancer-ip; repeatable")
     s = ssub.add_parser("del", help="delete a service (tracked flows keep their backend)")
     s.add_argument("service", metavar="VIP:PORT/PROTO")
     s.set_defaults(func=cmd_service)

@@ -45,11 +45,12 @@ class SvcKey(ctypes.Structure):
 
 
 class SvcValue(ctypes.Structure):
-    _fields_ = [("svc_id", u32), ("count", u16), ("gen", u8), ("flags", u8)]
+    _fields_ = [("svc_id", u32), ("count", u16), ("local_count", u16), ("gen", u8), ("kind", u8),
+                ("flags", u16), ("affinity_s", u32)]
 
 
 class BackendKey(ctypes.Structure):
-    _fields_ = [("svc_id", u32), ("slot", u16), ("gen", u8), ("pad", u8)]
+    _fields_ = [("svc_id", u32), ("slot", u16), ("gen", u8), ("set", u8)]
 
 
 class BackendValue(ctypes.Structure):
@@ -75,8 +76,21 @@ class FragValue(ctypes.Structure):
     _fields_ = [("saddr", u32), ("daddr", u32)]
 
 
+class AffinityKey(ctypes.Structure):
+    _fields_ = [("svc_id", u32), ("client", u32), ("set", u8), ("pad", u8 * 3)]
+
+
+class AffinityValue(ctypes.Structure):
+    _fields_ = [("last_ns", u64), ("addr", u32), ("port", u16), ("pad", u16)]
+
+
+class SrcRangeKey(ctypes.Structure):
+    _fields_ = [("prefixlen", u32), ("svc_id", u32), ("addr", u32)]
+
+
 class LbConfig(ctypes.Structure):
-    _fields_ = [("snat_addr", u32), ("cluster_cidr", u32), ("cluster_mask", u32), ("flags", u32)]
+    _fields_ = [("snat_addr", u32), ("cluster_cidr", u32), ("cluster_mask", u32), ("flags", u32),
+                ("svc_cidr", u32 * C["MAX_SVC_CIDRS"]), ("svc_mask", u32 * C["MAX_SVC_CIDRS"])]
 
 
 class SockRevKey(ctypes.Structure):
@@ -95,6 +109,7 @@ class SvcCounters(ctypes.Structure):
 MIRRORS: dict[str, type[ctypes.Structure]] = {
     "svc_key": SvcKey, "svc_value": SvcValue, "backend_key": BackendKey, "backend": BackendValue,
     "ct_key": CtKey, "ct_entry": CtEntry, "frag_key": FragKey, "frag_value": FragValue,
+    "affinity_key": AffinityKey, "affinity_value": AffinityValue, "src_range_key": SrcRangeKey,
     "lb_config": LbConfig, "sock_rev_key": SockRevKey, "sock_rev_value": SockRevValue, "svc_counters": SvcCounters,
 }
 """C struct name -> ctypes mirror; the layout test walks this table."""

@@ -14,8 +14,8 @@ from typing import Generic, Iterator, TypeVar
 
 from . import bpfsys
 from .errors import KxlbError
-from .layout import (BackendKey, BackendValue, CtEntry, CtKey, FragKey, FragValue, LbConfig, SvcCounters,
-                     SvcKey, SvcValue)
+from .layout import (AffinityKey, AffinityValue, BackendKey, BackendValue, CtEntry, CtKey, FragKey, FragValue,
+                     LbConfig, SrcRangeKey, SvcCounters, SvcKey, SvcValue)
 
 K = TypeVar("K", bound=ctypes.Structure)
 V = TypeVar("V", bound=ctypes.Structure)
@@ -167,6 +167,8 @@ class Maps:
     backends: BpfMap[BackendKey, BackendValue]
     conntrack: BpfMap[CtKey, CtEntry]
     frags: BpfMap[FragKey, FragValue]
+    affinity: BpfMap[AffinityKey, AffinityValue]
+    src_ranges: BpfMap
     svc_stats: BpfMap
     dp_stats: BpfMap
     config: BpfMap
@@ -182,14 +184,16 @@ class Maps:
             backends=BpfMap(p("backends"), BackendKey, BackendValue),
             conntrack=BpfMap(p("conntrack"), CtKey, CtEntry),
             frags=BpfMap(p("frags"), FragKey, FragValue),
+            affinity=BpfMap(p("affinity"), AffinityKey, AffinityValue),
+            src_ranges=BpfMap(p("src_ranges"), SrcRangeKey, ctypes.c_uint8),
             svc_stats=BpfMap(p("svc_stats"), ctypes.c_uint32, SvcCounters, percpu=True),
             dp_stats=BpfMap(p("dp_stats"), ctypes.c_uint32, ctypes.c_uint64, percpu=True),
             config=BpfMap(p("config"), ctypes.c_uint32, LbConfig),
         )
 
     def close(self) -> None:
-        for m in (self.services, self.backends, self.conntrack, self.frags, self.svc_stats, self.dp_stats,
-                  self.config):
+        for m in (self.services, self.backends, self.conntrack, self.frags, self.affinity, self.src_ranges,
+                  self.svc_stats, self.dp_stats, self.config):
             m.close()
 
     def __enter__(self) -> "Maps":
@@ -199,6 +203,6 @@ class Maps:
         self.close()
 
 
-PIN_NAMES = ("services", "backends", "conntrack", "frags", "svc_stats", "dp_stats", "sock_rev", "config",
+PIN_NAMES = ("services", "backends", "conntrack", "frags", "affinity", "src_ranges", "svc_stats", "dp_stats", "sock_rev", "config",
              "prog_tc", "prog_xdp")
 """Everything the loader pins in a pin directory (maps, then the two programs)."""

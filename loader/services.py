@@ -10,232 +10,451 @@ import ctypes
 import ipaddress
 import socket
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 from . import bpfsys
 from .errors import KxlbError
-from .layout import (C, Backend, BackendKey, LbConfig, ServiceKey, SvcCounters, SvcValue, ip_to_raw,
-                     parse_ipv4)
+from .layout import (C, DP_COUNTERS, Backend, BackendKey, LbConfig, ServiceKey, SrcRangeKey, SvcCounters, SvcKey, SvcValue,
+                     ip_to_raw, parse_ipv4, raw_to_ip, raw_to_port)
 from .maps import Maps
+from .svcspec import Frontend, Kind, LbService
 
 MAX_PER_SVC = C["MAX_BACKENDS_PER_SVC"]
+MARKER = C["KIND_MARKER"]
+SETS = (C["SET_CLUSTER"], C["SET_LOCAL"])
 
 # struct layouts of maps.h for bulk packing (network-order fields as raw bytes / "!H");
 # tests/test_layout.py checks them against the ctypes mirrors.
 _BACKEND_KEY = struct.Struct("=IHBB")     # struct backend_key
 _BACKEND = struct.Struct("=4s2sH")       # struct backend
 _SVC_KEY = struct.Struct("=4s2sBB")       # struct svc_key
-_SVC_VALUE = struct.Struct("=IHBB")       # struct svc_value
+_SVC_VALUE = struct.Struct("=IHHBBHI")    # struct svc_value
 
 
 @dataclass(frozen=True)
 class ServiceState:
-    """A service as the datapath sees it."""
+    """A service port as the maps hold it: its spec (canonical form) and where."""
 
     key: ServiceKey
     svc_id: int
     gen: int
-    backends: tuple[Backend, ...]
+    spec: LbService
+
+    @property
+    def backends(self) -> tuple[Backend, ...]:
+        """The cluster-wide set (all a `kxlb service add` service has)."""
+        return self.spec.cluster
 
 
 def validate_backends(key: ServiceKey, backends: Iterable[Backend]) -> tuple[Backend, ...]:
-    seen: set[Backend] = set()
-    out = []
-    for b in backends:
-        if b in seen:
-            raise KxlbError(f"service {key}: duplicate backend {b}")
-        seen.add(b)
-        out.append(b)
-    if len(out) > MAX_PER_SVC:
-        raise KxlbError(f"service {key}: {len(out)} backends, at most {MAX_PER_SVC} per service")
-    return tuple(out)
+    return LbService.simple(key, backends).validate(MAX_PER_SVC).cluster
+
+
+def _svc_value(spec: LbService, kind: Kind, svc_id: int, gen: int) -> bytes:
+    return _SVC_VALUE.pack(svc_id, len(spec.cluster), len(spec.local), gen, int(kind), spec.flags_for(kind),
+                           spec.affinity_s)
+
+
+def _svc_key(key: ServiceKey) -> bytes:
+    return _SVC_KEY.pack(socket.inet_aton(key.vip), key.port.to_bytes(2, "big"), key.proto, 0)
+
+
+def _marker_key(vip: str) -> SvcKey:
+    return SvcKey(vip=ip_to_raw(vip))
+
+
+def _range_key(svc_id: int, cidr: str) -> SrcRangeKey:
+    net = ipaddress.IPv4Network(cidr, strict=False)
+    return SrcRangeKey(prefixlen=32 + net.prefixlen, svc_id=svc_id, addr=ip_to_raw(str(net.network_address)))
 
 
 class ServiceTable:
-    """Reads and writes services in one pinned datapath."""
+    """Reads and writes service ports (LbService) in one pinned datapath.
+
+    Keeps what the maps hold (read once, then kept up to date by its own writes), so a
+    long-lived writer (the controller) never rescans the maps per change; `forget()`
+    drops that record after edits behind its back."""
 
     def __init__(self, maps: Maps):
         self.maps = maps
-        # Read from the maps on first use, then kept up to date by our own writes, so a
-        # long-lived writer (the controller) never rescans the maps per change.
-        self._ids: set[int] | None = None
-        self._slots_used: int | None = None
+        self._states: dict[ServiceKey, ServiceState] | None = None
+        self._owner: dict[ServiceKey, ServiceKey] = {}     # frontend -> primary key
+        self._ids: set[int] = set()
+        self._slots_used = 0
+        self._entries = 0
 
-    def forget_counts(self) -> None:
-        """Re-read ids and slot usage from the maps on next use."""
-        self._ids = self._slots_used = None
+    def forget(self) -> None:
+        """Re-read the maps on next use."""
+        self._states = None
 
-    def _used_ids(self) -> set[int]:
-        if self._ids is None:
-            self._ids = {v.svc_id for _, v in self.maps.services.items()}
-        return self._ids
+    forget_counts = forget
 
-    def _slot_count(self) -> int:
-        if self._slots_used is None:
-            self._slots_used = len(self.maps.backends.items())
-        return self._slots_used
+    @property
+    def states(self) -> dict[ServiceKey, ServiceState]:
+        if self._states is None:
+            self.adopt(self.read_all())
+        assert self._states is not None
+        return self._states
+
+    def adopt(self, actual: dict[ServiceKey, ServiceState]) -> None:
+        """Take ``actual`` (a fresh read_all()) as what the maps hold."""
+        self._states = {}
+        self._owner.clear()
+        for st in actual.values():
+            self._remember(st)
+        self._ids = {st.svc_id for st in actual.values()}
+        self._slots_used = len(self.maps.backends.items())
+        self._entries = len(self.maps.services.items())  # frontends and markers
+
+    def sync_markers(self) -> None:
+        """Rewrite every cluster IP's marker entry (after edits behind our back)."""
+        live = {k.vip for k in self.states}
+        for k, v in self.maps.services.items():
+            if v.kind == MARKER and raw_to_ip(k.vip) not in live:
+                self._entries -= self.maps.services.delete(k)
+        for vip in live:
+            self._sync_marker(vip)
+
+    def _remember(self, st: ServiceState) -> None:
+        assert self._states is not None
+        self._states[st.key] = st
+        for fe in st.spec.all_frontends:
+            self._owner[fe.key] = st.key
+
+    def _forget_state(self, st: ServiceState) -> None:
+        assert self._states is not None
+        self._states.pop(st.key, None)
+        for fe in st.spec.all_frontends:
+            if self._owner.get(fe.key) == st.key:
+                del self._owner[fe.key]
 
     # --- reading ------------------------------------------------------------------------
-    def _slots_by_id(self) -> dict[tuple[int, int], dict[int, Backend]]:
-        slots: dict[tuple[int, int], dict[int, Backend]] = {}
-        for k, v in self.maps.backends.items():
-            slots.setdefault((k.svc_id, k.gen), {})[k.slot] = Backend.from_c(v)
-        return slots
-
     def read_all(self) -> dict[ServiceKey, ServiceState]:
-        slots = self._slots_by_id()
-        out = {}
+        """Every service port in the maps, rebuilt from the maps alone."""
+        slots: dict[tuple[int, int, int], dict[int, Backend]] = {}
+        for k, v in self.maps.backends.items():
+            slots.setdefault((k.svc_id, k.gen, k.set), {})[k.slot] = Backend.from_c(v)
+        ranges: dict[int, list[str]] = {}
+        for k in self.maps.src_ranges.keys():
+            ranges.setdefault(k.svc_id, []).append(f"{raw_to_ip(k.addr)}/{k.prefixlen - 32}")
+        by_id: dict[int, list[tuple[ServiceKey, SvcValue]]] = {}
         for k, v in self.maps.services.items():
-            key = ServiceKey.from_c(k)
-            got = slots.get((v.svc_id, v.gen), {})
-            out[key] = ServiceState(key, v.svc_id, v.gen, tuple(got[i] for i in range(v.count) if i in got))
+            if v.kind != MARKER:
+                by_id.setdefault(v.svc_id, []).append((ServiceKey.from_c(k), v))
+        out = {}
+        for svc_id, entries in by_id.items():
+            entries.sort(key=lambda e: (e[1].kind != Kind.CLUSTER_IP, e[0]))
+            key, v = entries[0]
+            def backends(set_: int, n: int) -> tuple[Backend, ...]:
+                got = slots.get((svc_id, v.gen, set_), {})
+                return tuple(got[i] for i in range(n) if i in got)
+            ext = [e for e in entries[1:]]
+            spec = LbService(
+                key=key, cluster=backends(SETS[0], v.count), local=backends(SETS[1], v.local_count),
+                frontends=tuple(Frontend(k, Kind(e.kind)) for k, e in ext),
+                internal_local=bool(v.flags & C["SVC_F_LOCAL"]),
+                external_local=any(e.flags & C["SVC_F_LOCAL"] for _, e in ext),
+                has_endpoints=bool(v.flags & C["SVC_F_HAS_ENDPOINTS"]),
+                affinity_s=v.affinity_s if v.flags & C["SVC_F_AFFINITY"] else 0,
+                source_ranges=tuple(ranges.get(svc_id, ())),
+            ).canonical()
+            out[key] = ServiceState(key, svc_id, v.gen, spec)
         return out
 
     def get(self, key: ServiceKey) -> ServiceState | None:
-        v = self.maps.services.get(key.to_c())
-        if v is None:
-            return None
-        bs = []
-        for i in range(v.count):
-            b = self.maps.backends.get(BackendKey(svc_id=v.svc_id, slot=i, gen=v.gen))
-            if b is not None:
-                bs.append(Backend.from_c(b))
-        return ServiceState(key, v.svc_id, v.gen, tuple(bs))
+        return self.states.get(key)
 
     # --- writing ------------------------------------------------------------------------
-    def _free_svc_id(self) -> int:
-        used = self._used_ids()
-        capacity = self.maps.services.max_entries
-        if len(used) >= capacity - 1:  # svc_id 0 is never used
-            raise KxlbError(f"service map full: {len(used)} of {capacity - 1} services")
-        return next(i for i in range(1, capacity) if i not in used)
+    def _check_capacity(self, services: int, slots: int, entries: int = 0) -> None:
+        capacity = self.maps.svc_stats.max_entries
+        if len(self._ids) + services > capacity - 1:  # svc_id 0 is never used
+            raise KxlbError(f"service map full: {len(self._ids)} of {capacity - 1} service ports used, "
+                            f"{services} more needed")
+        if self._slots_used + slots > self.maps.backends.max_entries:
+            raise KxlbError(f"backend map full: {self._slots_used} of {self.maps.backends.max_entries} slots "
+                            f"used, {slots} more needed")
+        if self._entries + entries > self.maps.services.max_entries:
+            raise KxlbError(f"frontend map full: {self._entries} of {self.maps.services.max_entries} entries "
+                            f"used, {entries} more needed")
 
-    def _check_slot_capacity(self, adding: int) -> None:
-        used = self._slot_count()
-        if used + adding > self.maps.backends.max_entries:
-            raise KxlbError(f"backend map full: {used} of {self.maps.backends.max_entries} slots used, "
-                            f"{adding} more needed")
+    def _check_frontends(self, spec: LbService) -> None:
+        for fe in spec.all_frontends:
+            owner = self._owner.get(fe.key)
+            if owner is not None and owner != spec.key:
+                raise KxlbError(f"service {spec.label}: frontend {fe} is already served by {owner}")
 
-    def _write_slots(self, key: ServiceKey, svc_id: int, gen: int, backends: tuple[Backend, ...]) -> list[BackendKey]:
-        items = [(BackendKey(svc_id=svc_id, slot=i, gen=gen), b.to_c()) for i, b in enumerate(backends)]
+    def _prepare(self, spec: LbService) -> LbService:
+        spec.validate(MAX_PER_SVC)
+        self.states  # load the record
+        return spec.canonical()
+
+    def _write_slots(self, spec: LbService, svc_id: int, gen: int) -> None:
+        keys, vals, n = [], [], 0
+        for set_, bs in zip(SETS, (spec.cluster, spec.local)):
+            for i, b in enumerate(bs):
+                keys.append(_BACKEND_KEY.pack(svc_id, i, gen, set_))
+                vals.append(_BACKEND.pack(socket.inet_aton(b.addr), b.port.to_bytes(2, "big"), 0))
+                n += 1
         try:
-            self.maps.backends.put_many(items)
+            self.maps.backends.put_many_raw(b"".join(keys), b"".join(vals), n)
         except OSError as exc:
-            self._delete_slots(svc_id, gen, len(items), written=False)
-            raise KxlbError(f"service {key}: writing backends failed: {exc}") from None
-        if self._slots_used is not None:
-            self._slots_used += len(items)
-        return [k for k, _ in items]
+            self._delete_slots(spec, svc_id, gen, written=False)
+            raise KxlbError(f"service {spec.label}: writing backends failed: {exc}") from None
+        self._slots_used += n
 
-    def _delete_slots(self, svc_id: int, gen: int, count: int, written: bool = True) -> None:
-        gone = sum(self.maps.backends.delete(BackendKey(svc_id=svc_id, slot=i, gen=gen)) for i in range(count))
-        if written and self._slots_used is not None:
+    def _delete_slots(self, spec: LbService, svc_id: int, gen: int, written: bool = True) -> None:
+        gone = 0
+        for set_, bs in zip(SETS, (spec.cluster, spec.local)):
+            for i in range(len(bs)):
+                gone += self.maps.backends.delete(BackendKey(svc_id=svc_id, slot=i, gen=gen, set=set_))
+        if written:
             self._slots_used -= gone
 
-    def add(self, key: ServiceKey, backends: Iterable[Backend]) -> ServiceState:
-        backends = validate_backends(key, backends)
-        if self.maps.services.get(key.to_c()) is not None:
-            raise KxlbError(f"service {key} already exists (use `service set-backends`)")
-        svc_id = self._free_svc_id()
-        self._check_slot_capacity(len(backends))
-        # 1. fresh counters, 2. slots, 3. the service entry that makes them reachable.
-        self.maps.svc_stats.put(ctypes.c_uint32(svc_id), SvcCounters())
-        self._write_slots(key, svc_id, 0, backends)
-        try:
-            self.maps.services.put(key.to_c(), SvcValue(svc_id=svc_id, count=len(backends), gen=0),
-                                   bpfsys.BPF_NOEXIST)
-        except OSError as exc:
-            self._delete_slots(svc_id, 0, len(backends))
-            raise KxlbError(f"service {key}: writing the service entry failed: {exc}") from None
-        self._used_ids().add(svc_id)
-        return ServiceState(key, svc_id, 0, backends)
+    def _write_entries(self, spec: LbService, svc_id: int, gen: int, flags: int = bpfsys.BPF_ANY) -> None:
+        fes = spec.all_frontends
+        self.maps.services.put_many_raw(b"".join(_svc_key(fe.key) for fe in fes),
+                                        b"".join(_svc_value(spec, fe.kind, svc_id, gen) for fe in fes),
+                                        len(fes), flags)
 
-    def add_many(self, services: dict[ServiceKey, Iterable[Backend]]) -> list[ServiceState]:
-        """Add many new services with two batch writes (all slots, then all entries):
-        a full sync's path. Validates everything before writing anything."""
-        checked = {k: validate_backends(k, bs) for k, bs in services.items()}
-        clash = next((k for k in checked if self.maps.services.get(k.to_c()) is not None), None)
-        if clash is not None:
-            raise KxlbError(f"service {clash} already exists")
-        used = self._used_ids()
-        capacity = self.maps.services.max_entries
-        if len(used) + len(checked) > capacity - 1:
-            raise KxlbError(f"service map full: {len(used)} of {capacity - 1} services used, "
-                            f"{len(checked)} more needed")
-        free = (i for i in range(1, capacity) if i not in used)
-        states = [ServiceState(k, next(free), 0, bs) for k, bs in checked.items()]
-        self._check_slot_capacity(sum(len(s.backends) for s in states))
-        # Packed with struct, not one ctypes object per entry: a full sync writes ~100k.
-        slot_keys = b"".join(_BACKEND_KEY.pack(s.svc_id, i, 0, 0) for s in states for i in range(len(s.backends)))
-        slot_vals = b"".join(_BACKEND.pack(socket.inet_aton(b.addr), b.port.to_bytes(2, "big"), 0)
-                             for s in states for b in s.backends)
-        n_slots = sum(len(s.backends) for s in states)
-        svc_keys = b"".join(_SVC_KEY.pack(socket.inet_aton(s.key.vip), s.key.port.to_bytes(2, "big"), s.key.proto, 0)
-                            for s in states)
-        svc_vals = b"".join(_SVC_VALUE.pack(s.svc_id, len(s.backends), 0, 0) for s in states)
+    def _put_ranges(self, svc_id: int, cidrs: Iterable[str]) -> None:
+        for c in cidrs:
+            self.maps.src_ranges.put(_range_key(svc_id, c), ctypes.c_uint8(1))
+
+    def _delete_ranges(self, svc_id: int, cidrs: Iterable[str]) -> None:
+        for c in cidrs:
+            self.maps.src_ranges.delete(_range_key(svc_id, c))
+
+    def _sync_marker(self, vip: str) -> None:
+        """A marker entry exists for a cluster IP exactly while some service port uses it."""
+        live = any(k.vip == vip for k in self.states)
+        if live:
+            if self.maps.services.get(_marker_key(vip)) is None:
+                self._entries += 1
+            self.maps.services.put(_marker_key(vip), SvcValue(kind=MARKER))
+        elif self.maps.services.delete(_marker_key(vip)):
+            self._entries -= 1
+
+    def _forget_affinity(self, svc_id: int, keep: tuple[set[Backend], set[Backend]] | None) -> None:
+        """Drop affinity entries of a service port: all (keep None), or those whose backend
+        left its set, so no client is sent to a backend the service no longer has."""
+        for k, v in self.maps.affinity.items():
+            if k.svc_id != svc_id:
+                continue
+            be = Backend(raw_to_ip(v.addr), raw_to_port(v.port))
+            if keep is None or k.set >= len(keep) or be not in keep[k.set]:
+                self.maps.affinity.delete(k)
+
+    def put(self, spec: LbService) -> ServiceState:
+        """Make the maps serve ``spec``: add it, or change the service port of its key in
+        an order no packet can see half done (maps.h)."""
+        spec = self._prepare(spec)
+        cur = self.states.get(spec.key)
+        self._check_frontends(spec)
+        if cur is None:
+            return self._add(spec)
+        if cur.spec == spec:
+            return cur
+        old = cur.spec
+        svc_id, gen = cur.svc_id, cur.gen
+        sets_changed = (old.cluster, old.local) != (spec.cluster, spec.local)
+        added_entries = len(spec.frontends) - len(old.frontends)
+        self._check_capacity(0, len(spec.cluster) + len(spec.local) if sets_changed else 0, added_entries)
+        if sets_changed:
+            gen = 1 - cur.gen
+            self._write_slots(spec, svc_id, gen)               # 1. invisible new generation
+        self._put_ranges(svc_id, set(spec.source_ranges) - set(old.source_ranges))
+        gone = {fe.key for fe in old.frontends} - {fe.key for fe in spec.frontends}
+        for k in gone:                                         # 2a. frontends that went
+            self.maps.services.delete(k.to_c())
         try:
-            self.maps.backends.put_many_raw(slot_keys, slot_vals, n_slots)
-            self.maps.services.put_many_raw(svc_keys, svc_vals, len(states))
+            self._write_entries(spec, svc_id, gen)             # 2b. every frontend flips at once
         except OSError as exc:
-            for s in states:
-                self.maps.services.delete(s.key.to_c())
-                self._delete_slots(s.svc_id, 0, len(s.backends), written=False)
-            raise KxlbError(f"adding {len(states)} services failed: {exc}") from None
-        used.update(s.svc_id for s in states)
-        if self._slots_used is not None:
-            self._slots_used += n_slots
-        return states
+            try:
+                self._write_entries(old, svc_id, cur.gen)
+            except OSError:
+                pass
+            if sets_changed:
+                self._delete_slots(spec, svc_id, gen)
+            self._forget_state(cur)
+            self._states = None                                # unknown now: re-read next time
+            raise KxlbError(f"service {spec.label}: switching to the new frontends/backends failed: {exc}") from None
+        self._entries += added_entries
+        if sets_changed:
+            self._delete_slots(old, svc_id, cur.gen)           # 3. the old generation goes
+        self._delete_ranges(svc_id, set(old.source_ranges) - set(spec.source_ranges))
+        if old.affinity_s and (not spec.affinity_s or sets_changed):
+            self._forget_affinity(svc_id, (set(spec.cluster), set(spec.local)) if spec.affinity_s else None)
+        self._forget_state(cur)
+        st = ServiceState(spec.key, svc_id, gen, spec)
+        self._remember(st)
+        return st
+
+    def _add(self, spec: LbService) -> ServiceState:
+        self._check_capacity(1, len(spec.cluster) + len(spec.local), len(spec.all_frontends) + 1)
+        capacity = self.maps.svc_stats.max_entries
+        svc_id = next(i for i in range(1, capacity) if i not in self._ids)
+        # 1. fresh counters, 2. slots and ranges, 3. the entries that make them reachable.
+        self.maps.svc_stats.put(ctypes.c_uint32(svc_id), SvcCounters())
+        self._write_slots(spec, svc_id, 0)
+        try:
+            self._put_ranges(svc_id, spec.source_ranges)
+            self._write_entries(spec, svc_id, 0, bpfsys.BPF_NOEXIST)
+        except OSError as exc:
+            for fe in spec.all_frontends:
+                self.maps.services.delete(fe.key.to_c())
+            self._delete_slots(spec, svc_id, 0)
+            self._delete_ranges(svc_id, spec.source_ranges)
+            raise KxlbError(f"service {spec.label}: writing the service entries failed: {exc}") from None
+        st = ServiceState(spec.key, svc_id, 0, spec)
+        self._ids.add(svc_id)
+        self._entries += len(spec.all_frontends)
+        self._remember(st)
+        self._sync_marker(spec.key.vip)
+        return st
+
+    def add(self, key: ServiceKey, backends: Iterable[Backend]) -> ServiceState:
+        if key in self.states:
+            raise KxlbError(f"service {key} already exists (use `service set-backends`)")
+        return self.put(LbService.simple(key, backends))
 
     def set_backends(self, key: ServiceKey, backends: Iterable[Backend]) -> ServiceState:
-        backends = validate_backends(key, backends)
-        cur = self.maps.services.get(key.to_c())
+        """Replace the cluster-wide set of an existing service port, options kept."""
+        cur = self.states.get(key)
         if cur is None:
             raise KxlbError(f"service {key} does not exist (use `service add`)")
-        old_gen, old_count, svc_id = cur.gen, cur.count, cur.svc_id
-        new_gen = 1 - old_gen
-        self._check_slot_capacity(len(backends))
-        # 1. new generation, invisible until 2. the entry flips count+gen in one update;
-        # 3. the old generation goes.
-        self._write_slots(key, svc_id, new_gen, backends)
+        backends = tuple(backends)
+        return self.put(replace(cur.spec, cluster=backends, has_endpoints=bool(backends or cur.spec.local)))
+
+    def add_many(self, specs: Iterable[LbService]) -> list[ServiceState]:
+        """Add many new service ports with batch writes (all slots, then all entries): a
+        full sync's path. Validates everything before writing anything."""
+        checked = [self._prepare(s) for s in specs]
+        seen: set[ServiceKey] = set()
+        for s in checked:
+            if s.key in self.states:
+                raise KxlbError(f"service {s.key} already exists")
+            self._check_frontends(s)
+            for fe in s.all_frontends:
+                if fe.key in seen:
+                    raise KxlbError(f"service {s.label}: frontend {fe} is listed by another service too")
+                seen.add(fe.key)
+        n_slots = sum(len(s.cluster) + len(s.local) for s in checked)
+        self._check_capacity(len(checked), n_slots, len(seen) + len({s.key.vip for s in checked}))
+        capacity = self.maps.svc_stats.max_entries
+        free = (i for i in range(1, capacity) if i not in self._ids)
+        states = [ServiceState(s.key, next(free), 0, s) for s in checked]
+        # Packed with struct, not one ctypes object per entry: a full sync writes ~100k.
+        slot_keys, slot_vals, svc_keys, svc_vals = [], [], [], []
+        for st in states:
+            for set_, bs in zip(SETS, (st.spec.cluster, st.spec.local)):
+                for i, b in enumerate(bs):
+                    slot_keys.append(_BACKEND_KEY.pack(st.svc_id, i, 0, set_))
+                    slot_vals.append(_BACKEND.pack(socket.inet_aton(b.addr), b.port.to_bytes(2, "big"), 0))
+            for fe in st.spec.all_frontends:
+                svc_keys.append(_svc_key(fe.key))
+                svc_vals.append(_svc_value(st.spec, fe.kind, st.svc_id, 0))
         try:
-            self.maps.services.put(key.to_c(), SvcValue(svc_id=svc_id, count=len(backends), gen=new_gen,
-                                                        flags=cur.flags), bpfsys.BPF_EXIST)
+            self.maps.backends.put_many_raw(b"".join(slot_keys), b"".join(slot_vals), len(slot_keys))
+            for st in states:
+                self._put_ranges(st.svc_id, st.spec.source_ranges)
+            self.maps.services.put_many_raw(b"".join(svc_keys), b"".join(svc_vals), len(svc_keys))
         except OSError as exc:
-            self._delete_slots(svc_id, new_gen, len(backends))
-            raise KxlbError(f"service {key}: switching to the new backends failed: {exc}") from None
-        self._delete_slots(svc_id, old_gen, old_count)
-        return ServiceState(key, svc_id, new_gen, backends)
+            for st in states:
+                for fe in st.spec.all_frontends:
+                    self.maps.services.delete(fe.key.to_c())
+                self._delete_slots(st.spec, st.svc_id, 0, written=False)
+                self._delete_ranges(st.svc_id, st.spec.source_ranges)
+            raise KxlbError(f"adding {len(states)} services failed: {exc}") from None
+        self._slots_used += len(slot_keys)
+        self._entries += len(svc_keys)
+        for st in states:
+            self._ids.add(st.svc_id)
+            self._remember(st)
+        for vip in {st.key.vip for st in states}:
+            self._sync_marker(vip)
+        return states
 
     def delete(self, key: ServiceKey) -> None:
-        cur = self.maps.services.get(key.to_c())
+        cur = self.states.get(key)
         if cur is None:
             raise KxlbError(f"service {key} does not exist")
-        # The entry first: from here no new flow can reach the slots.
-        self.maps.services.delete(key.to_c())
-        self._delete_slots(cur.svc_id, cur.gen, cur.count)
-        self._used_ids().discard(cur.svc_id)
+        # The entries first: from here no new flow can reach the slots.
+        for fe in cur.spec.all_frontends:
+            self._entries -= self.maps.services.delete(fe.key.to_c())
+        self._forget_state(cur)
+        self._ids.discard(cur.svc_id)
+        self._sync_marker(key.vip)
+        self._delete_slots(cur.spec, cur.svc_id, cur.gen)
+        self._delete_ranges(cur.svc_id, cur.spec.source_ranges)
+        if cur.spec.affinity_s:
+            self._forget_affinity(cur.svc_id, None)
 
-    # --- masquerade ---------------------------------------------------------------------
-    def set_masquerade(self, snat_addr: str | None, cluster_cidr: str | None) -> None:
-        """When to masquerade new flows (bpf/maps.h struct lb_config): to ``snat_addr``
-        for hairpin flows and, with ``cluster_cidr``, for clients outside it."""
-        cfg = LbConfig()
-        if snat_addr:
-            cfg.snat_addr = ip_to_raw(parse_ipv4(snat_addr, "masquerade address"))
-        if cluster_cidr:
-            try:
-                net = ipaddress.IPv4Network(cluster_cidr)
-            except ValueError:
-                raise KxlbError(f"cluster CIDR {cluster_cidr!r} is not an IPv4 network") from None
-            cfg.cluster_cidr = ip_to_raw(str(net.network_address))
-            cfg.cluster_mask = ip_to_raw(str(net.netmask))
-        self.maps.config.put(ctypes.c_uint32(0), cfg)
+    # --- node configuration -------------------------------------------------------------
+    def set_config(self, cfg: "DatapathConfig") -> None:
+        """Write struct lb_config: when to masquerade, and the service CIDRs."""
+        self.maps.config.put(ctypes.c_uint32(0), cfg.to_c())
+
+    def read_config(self) -> "DatapathConfig":
+        return DatapathConfig.from_c(self.maps.config.get(ctypes.c_uint32(0)) or LbConfig())
 
     # --- counters -----------------------------------------------------------------------
+    def datapath_counters(self) -> dict[str, int]:
+        """dp_stats summed over CPUs, by name (consts.h KXLB_ST_*)."""
+        out = {}
+        for idx, name in sorted(DP_COUNTERS.items()):
+            out[name] = sum(v.value for v in self.maps.dp_stats.get(ctypes.c_uint32(idx)) or [])
+        return out
+
     def counters(self, svc_id: int) -> SvcCounters:
         total = SvcCounters()
         for c in self.maps.svc_stats.get(ctypes.c_uint32(svc_id)) or []:
             for name, _ in SvcCounters._fields_:
                 setattr(total, name, getattr(total, name) + getattr(c, name))
         return total
+
+
+def _ipv4_net(text: str, what: str) -> ipaddress.IPv4Network:
+    try:
+        return ipaddress.IPv4Network(text, strict=False)
+    except ValueError:
+        raise KxlbError(f"{what} {text!r} is not an IPv4 network") from None
+
+
+@dataclass(frozen=True)
+class DatapathConfig:
+    """The node-wide settings of the datapath (bpf/maps.h struct lb_config)."""
+
+    snat_addr: str | None = None          # masquerade address (the node's); None: never
+    cluster_cidr: str | None = None       # kube-proxy's detect-local; None: all clients external
+    service_cidrs: tuple[str, ...] = ()   # ServiceCIDRs: bad ports rejected, the rest dropped
+    masquerade_all: bool = False          # --masquerade-all
+
+    def to_c(self) -> LbConfig:
+        cfg = LbConfig()
+        if self.snat_addr:
+            cfg.snat_addr = ip_to_raw(parse_ipv4(self.snat_addr, "masquerade address"))
+        if self.cluster_cidr:
+            net = _ipv4_net(self.cluster_cidr, "cluster CIDR")
+            cfg.cluster_cidr = ip_to_raw(str(net.network_address))
+            cfg.cluster_mask = ip_to_raw(str(net.netmask))
+        if len(self.service_cidrs) > C["MAX_SVC_CIDRS"]:
+            raise KxlbError(f"{len(self.service_cidrs)} service CIDRs, the datapath holds at most "
+                            f"{C['MAX_SVC_CIDRS']}")
+        for i, text in enumerate(self.service_cidrs):
+            net = _ipv4_net(text, "service CIDR")
+            cfg.svc_cidr[i] = ip_to_raw(str(net.network_address))
+            cfg.svc_mask[i] = ip_to_raw(str(net.netmask))
+        cfg.flags = C["CFG_F_MASQUERADE_ALL"] if self.masquerade_all else 0
+        return cfg
+
+    @classmethod
+    def from_c(cls, c: LbConfig) -> "DatapathConfig":
+        def net(addr: int, mask: int) -> str:
+            return str(ipaddress.IPv4Network(f"{raw_to_ip(addr)}/{raw_to_ip(mask)}"))
+        return cls(
+            snat_addr=raw_to_ip(c.snat_addr) if c.snat_addr else None,
+            cluster_cidr=net(c.cluster_cidr, c.cluster_mask) if c.cluster_mask else None,
+            service_cidrs=tuple(net(c.svc_cidr[i], c.svc_mask[i]) for i in range(C["MAX_SVC_CIDRS"]) if c.svc_mask[i]),
+            masquerade_all=bool(c.flags & C["CFG_F_MASQUERADE_ALL"]),
+        )

@@ -39,3 +39,26 @@ def pin_dirs():
 def netlab():
     with NetLab() as lab:
         yield lab
+
+
+@pytest.fixture(scope="module")
+def dp(pin_dirs):
+    """The datapath compiled and loaded once per test module (maps pinned in a unique
+    directory), for BPF_PROG_TEST_RUN."""
+    from kxlb.loader.compile import compile_datapath
+    from kxlb.loader.maps import Maps
+
+    pin = pin_dirs()
+    datapath = compile_datapath(pin)
+    maps = Maps.open(pin)
+    yield datapath, maps
+    maps.close()
+
+
+@pytest.fixture(params=["tc", "xdp"])
+def hook(request, dp):
+    """Each case on both hooks."""
+    from harness import Hook
+
+    datapath, _ = dp
+    return Hook(request.param, datapath.tc_fd if request.param == "tc" else datapath.xdp_fd)

@@ -29,9 +29,9 @@ def listing(pin_dir):
 
 @pytest.fixture(scope="module")
 def small_dp(pin_dirs):
-    """A datapath with tiny maps: 3 services (ids 1..3), 6 backend slots."""
+    """A datapath with tiny maps: 3 services (ids 1..3), 6 backend slots, 12 frontends."""
     pin = pin_dirs()
-    dp = compile_datapath(pin, ["-DKXLB_MAX_SERVICES=4", "-DKXLB_MAX_BACKEND_SLOTS=6"])
+    dp = compile_datapath(pin, ["-DKXLB_MAX_SERVICES=4", "-DKXLB_MAX_BACKEND_SLOTS=6", "-DKXLB_MAX_FRONTENDS=12"])
     yield pin, dp
 
 
@@ -91,12 +91,35 @@ def test_full_backend_map_is_refused_before_writing(pin):
 def test_list_conntrack_and_stats_json(pin):
     svc = listing(pin)
     assert svc == [{"service": f"{VIP}:80/tcp", "vip": VIP, "port": 80, "protocol": "tcp", "id": svc[0]["id"],
-                    "backends": ["10.1.0.1:8080", "10.1.0.2:8080"]}]
+                    "frontends": [{"address": VIP, "port": 80, "kind": "ClusterIP"}],
+                    "internal_traffic_policy": "Cluster", "external_traffic_policy": "Cluster",
+                    "session_affinity_s": 0, "source_ranges": [], "has_endpoints": True,
+                    "backends": ["10.1.0.1:8080", "10.1.0.2:8080"], "local_backends": []}]
     stats = json.loads(kxlb(pin, "stats", "--json").stdout)
     assert stats["services"][0]["service"] == f"{VIP}:80/tcp" and "new_flow" in stats["datapath"]
     assert json.loads(kxlb(pin, "conntrack", "--json").stdout) == []
     text = kxlb(pin, "list").stdout
     assert "-> 10.1.0.1:8080" in text and "TCP  10.96.0.10:80" in text
+
+
+def test_service_add_with_every_frontend_kind_and_option(pin):
+    r = kxlb(pin, "service", "add", f"{VIP}:443/tcp", "10.1.0.1:8443", "--local", "10.1.0.9:8443",
+             "--node-port", "10.250.0.11:30443", "--external-ip", "203.0.113.7", "--load-balancer-ip", "198.51.100.5",
+             "--external-local", "--affinity", "600", "--source-range", "192.0.2.0/24")
+    assert r.returncode == 0, r.stderr
+    svc = next(s for s in listing(pin) if s["port"] == 443)
+    assert svc["frontends"] == [{"address": VIP, "port": 443, "kind": "ClusterIP"},
+                                {"address": "10.250.0.11", "port": 30443, "kind": "NodePort"},
+                                {"address": "203.0.113.7", "port": 443, "kind": "ExternalIP"},
+                                {"address": "198.51.100.5", "port": 443, "kind": "LoadBalancer"}]
+    assert (svc["external_traffic_policy"], svc["session_affinity_s"], svc["source_ranges"],
+            svc["local_backends"]) == ("Local", 600, ["192.0.2.0/24"], ["10.1.0.9:8443"])
+    text = kxlb(pin, "list").stdout
+    assert "10.250.0.11:30443" in text and "NodePort" in text and "externalTrafficPolicy=Local" in text
+    r = kxlb(pin, "service", "add", "10.96.0.11:443/tcp", "10.1.0.1:8443", "--external-ip", "203.0.113.7")
+    assert r.returncode == 1 and "203.0.113.7:443/tcp (ExternalIP) is already served by" in r.stderr
+    r = kxlb(pin, "service", "add", "10.96.0.12:443/tcp", "--source-range", "300.0.0.0/8")
+    assert r.returncode == 1 and "source range '300.0.0.0/8'" in r.stderr
 
 
 def test_help_lists_every_command():

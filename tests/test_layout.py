@@ -65,6 +65,7 @@ def test_bulk_packing_matches_the_ctypes_mirrors():
 
     b, k = Backend("10.1.2.3", 8080), ServiceKey("10.96.0.10", 53, 17)
     assert sv._BACKEND.pack(b"\x0a\x01\x02\x03", (8080).to_bytes(2, "big"), 0) == bytes(b.to_c())
-    assert sv._BACKEND_KEY.pack(7, 3, 1, 0) == bytes(BackendKey(svc_id=7, slot=3, gen=1))
+    assert sv._BACKEND_KEY.pack(7, 3, 1, 1) == bytes(BackendKey(svc_id=7, slot=3, gen=1, set=1))
     assert sv._SVC_KEY.pack(b"\x0a\x60\x00\x0a", (53).to_bytes(2, "big"), 17, 0) == bytes(k.to_c())
-    assert sv._SVC_VALUE.pack(9, 4, 1, 0) == bytes(SvcValue(svc_id=9, count=4, gen=1))
+    assert sv._SVC_VALUE.pack(9, 4, 2, 1, 3, 0x0102, 600) == bytes(
+        SvcValue(svc_id=9, count=4, local_count=2, gen=1, kind=3, flags=0x0102, affinity_s=600))

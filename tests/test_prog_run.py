@@ -15,11 +15,9 @@ from scapy.layers.inet import IPOption_NOP, fragment
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP
 
-from harness import CLIENT_MAC, ICMP, IP, NODE_MAC, TCP, UDP, Ether, Hook, IPerror, assert_checksums, eth
-from kxlb.loader.compile import compile_datapath
+from harness import CLIENT_MAC, ICMP, IP, NODE_MAC, TCP, UDP, Ether, IPerror, assert_checksums, eth
 from kxlb.loader.layout import C, Backend, CtKey, ServiceKey, ip_to_raw, port_to_raw
-from kxlb.loader.maps import Maps
-from kxlb.loader.services import ServiceTable
+from kxlb.loader.services import DatapathConfig, ServiceTable
 
 CLIENT = "10.0.0.2"
 VIP, PORT = "10.96.0.10", 80
@@ -28,21 +26,6 @@ BACKEND_ADDRS = {b.addr for b in BACKENDS}
 TCP_SVC = ServiceKey(VIP, PORT, 6)
 TC_MIN_FRAME = 14 + 20  # shortest IPv4 frame the skb test run accepts
 UDP_SVC = ServiceKey(VIP, PORT, 17)
-
-
-@pytest.fixture(scope="module")
-def dp(pin_dirs):
-    pin = pin_dirs()
-    datapath = compile_datapath(pin)
-    maps = Maps.open(pin)
-    yield datapath, maps
-    maps.close()
-
-
-@pytest.fixture(params=["tc", "xdp"])
-def hook(request, dp):
-    datapath, _ = dp
-    return Hook(request.param, datapath.tc_fd if request.param == "tc" else datapath.xdp_fd)
 
 
 @pytest.fixture
@@ -341,9 +324,9 @@ NODE_IP = "10.250.0.11"
 
 @pytest.fixture
 def masquerade(table):
-    table.set_masquerade(NODE_IP, "10.0.0.0/16")
+    table.set_config(DatapathConfig(snat_addr=NODE_IP, cluster_cidr="10.0.0.0/16"))
     yield table
-    table.set_masquerade(None, None)
+    table.set_config(DatapathConfig())
 
 
 def test_hairpin_flow_is_masqueraded_both_ways(hook, masquerade):

@@ -1,0 +1,292 @@
+"""Service types and policies in the datapath (BPF_PROG_TEST_RUN, tc and XDP): NodePort,
+externalIPs, load-balancer IPs, traffic policies, session affinity, source ranges, and
+kube-proxy's reject/drop rules; with the service model's round trip through the maps.
+
+Addresses: pods in 10.0.0.0/16 (the cluster CIDR), the node at NODE_IP, an outside
+client in 192.0.2.0/24, services in 10.96.0.0/16.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from harness import ICMP, IP, TCP, UDP, Ether, assert_checksums, eth
+from kxlb.loader.errors import KxlbError
+from kxlb.loader.layout import C, AffinityKey, Backend, ServiceKey, ip_to_raw
+from kxlb.loader.services import DatapathConfig, ServiceTable
+from kxlb.loader.svcspec import Frontend, Kind, LbService
+
+NODE_IP = "10.250.0.11"
+POD = "10.0.0.2"                 # a client pod (inside the cluster CIDR)
+OUTSIDE = "192.0.2.9"            # a client outside the cluster
+CIP, PORT = "10.96.0.20", 80
+NODE_PORT = 30080
+EXT_IP = "203.0.113.7"
+LB_IP = "198.51.100.5"
+LOCAL = (Backend("10.0.1.11", 8080),)                            # this node's endpoint
+REMOTE = (Backend("10.0.2.11", 8080), Backend("10.0.2.12", 8080))  # other nodes'
+KEY = ServiceKey(CIP, PORT, 6)
+FRONTENDS = (Frontend(ServiceKey(NODE_IP, NODE_PORT, 6), Kind.NODE_PORT),
+             Frontend(ServiceKey(EXT_IP, PORT, 6), Kind.EXTERNAL_IP),
+             Frontend(ServiceKey(LB_IP, PORT, 6), Kind.LOAD_BALANCER))
+CONFIG = DatapathConfig(snat_addr=NODE_IP, cluster_cidr="10.0.0.0/16", service_cidrs=("10.96.0.0/16",))
+
+
+@pytest.fixture
+def table(dp):
+    _, maps = dp
+    t = ServiceTable(maps)
+    t.set_config(CONFIG)
+    yield t
+    for m in (maps.services, maps.backends, maps.conntrack, maps.affinity, maps.src_ranges):
+        for k in list(m.keys()):
+            m.delete(k)
+    t.set_config(DatapathConfig())
+
+
+def svc(**kw) -> LbService:
+    base = dict(key=KEY, cluster=LOCAL + REMOTE, frontends=FRONTENDS, has_endpoints=True, name="default/web:http")
+    base.update(kw)
+    return LbService(**base)
+
+
+_port = iter(range(41000, 60000))
+
+
+def send(hook, dst, dport, client=POD, proto="tcp"):
+    """A new flow's first packet; returns (verdict, parsed output or None)."""
+    sport = next(_port)
+    l4 = TCP(sport=sport, dport=dport, flags="S") if proto == "tcp" else UDP(sport=sport, dport=dport)
+    verdict, out = hook.run(eth(IP(src=client, dst=dst) / l4 / b"x"))
+    return verdict, out, sport
+
+
+def forwarded(hook, dst, dport, client=POD):
+    """(source, destination) of the translated packet; fails unless it is forwarded."""
+    verdict, out, _ = send(hook, dst, dport, client)
+    assert verdict == hook.passed, f"verdict {verdict}"
+    p = assert_checksums(out)
+    return p[IP].src, p[IP].dst
+
+
+def assert_rejected(hook, dst, dport, client=POD, proto="tcp"):
+    verdict, out, _ = send(hook, dst, dport, client, proto)
+    assert verdict == hook.sent_back
+    p = Ether(out)
+    assert (p[IP].src, p[IP].dst, p[ICMP].type, p[ICMP].code) == (dst, client, 3, 3)
+
+
+def assert_dropped(hook, dst, dport, client=POD):
+    assert send(hook, dst, dport, client)[0] == hook.dropped
+
+
+def backends_reached(hook, dst, dport, client, n=40):
+    return {forwarded(hook, dst, dport, client)[1] for _ in range(n)}
+
+
+ALL = {b.addr for b in LOCAL + REMOTE}
+
+
+# --- the service model through the maps --------------------------------------------------
+
+def test_a_service_port_reads_back_as_written(table):
+    spec = svc(local=LOCAL, external_local=True, affinity_s=600, source_ranges=("192.0.2.0/24", "10.1.2.3/32"))
+    table.put(spec)
+    fresh = ServiceTable(table.maps)
+    assert fresh.read_all()[KEY].spec == spec.canonical()
+    assert fresh.get(KEY).spec.source_ranges == ("10.1.2.3/32", "192.0.2.0/24")
+
+
+def test_every_frontend_shares_one_svc_id_and_a_marker_guards_the_cluster_ip(table):
+    st = table.put(svc())
+    for fe in FRONTENDS:
+        v = table.maps.services.get(fe.key.to_c())
+        assert (v.svc_id, v.kind, v.count) == (st.svc_id, fe.kind, 3)
+    marker = table.maps.services.get(ServiceKey(CIP, 0, 0).to_c())
+    assert marker is not None and marker.kind == C["KIND_MARKER"]
+    table.delete(KEY)
+    assert table.maps.services.get(ServiceKey(CIP, 0, 0).to_c()) is None
+    assert not list(table.maps.services.keys()) and not list(table.maps.backends.keys())
+
+
+def test_a_frontend_owned_by_another_service_is_refused(table):
+    table.put(svc())
+    other = LbService(key=ServiceKey("10.96.0.21", 80, 6), cluster=REMOTE, has_endpoints=True, name="default/other:80",
+                      frontends=(Frontend(ServiceKey(EXT_IP, PORT, 6), Kind.EXTERNAL_IP),))
+    with pytest.raises(KxlbError, match=r"default/other:80.*203\.0\.113\.7:80/tcp.*already served by 10\.96\.0\.20"):
+        table.put(other)
+    assert table.maps.services.get(other.key.to_c()) is None
+
+
+def test_removing_a_frontend_removes_only_its_entry(table):
+    table.put(svc())
+    table.put(svc(frontends=FRONTENDS[:1]))
+    assert table.maps.services.get(FRONTENDS[1].key.to_c()) is None
+    assert table.maps.services.get(FRONTENDS[0].key.to_c()) is not None
+
+
+# --- NodePort, externalIPs, load balancers ------------------------------------------------
+
+@pytest.mark.parametrize("frontend", FRONTENDS, ids=lambda f: f.kind.label)
+@pytest.mark.parametrize("client", [POD, OUTSIDE], ids=["pod", "outside"])
+def test_external_frontends_with_policy_cluster_are_masqueraded(hook, table, frontend, client):
+    table.put(svc())
+    src, dst = forwarded(hook, frontend.key.vip, frontend.key.port, client)
+    assert src == NODE_IP and dst in ALL
+
+
+def test_a_nodeport_reply_is_translated_back_to_the_node_address(hook, table):
+    table.put(svc(cluster=REMOTE[:1]))
+    verdict, out, sport = send(hook, NODE_IP, NODE_PORT, OUTSIDE)
+    p = Ether(out)
+    reply = eth(IP(src=p[IP].dst, dst=NODE_IP) / TCP(sport=8080, dport=p[TCP].sport, flags="SA"))
+    r = assert_checksums(hook.run(reply)[1])
+    assert (r[IP].src, r[TCP].sport, r[IP].dst, r[TCP].dport) == (NODE_IP, NODE_PORT, OUTSIDE, sport)
+
+
+def test_cluster_ip_masquerades_only_clients_outside_the_cluster(hook, table):
+    table.put(svc())
+    assert forwarded(hook, CIP, PORT, POD)[0] == POD
+    assert forwarded(hook, CIP, PORT, OUTSIDE)[0] == NODE_IP
+    table.set_config(DatapathConfig(snat_addr=NODE_IP, cluster_cidr="10.0.0.0/16", masquerade_all=True))
+    assert forwarded(hook, CIP, PORT, POD)[0] == NODE_IP
+
+
+# --- externalTrafficPolicy: Local ---------------------------------------------------------
+
+@pytest.mark.parametrize("frontend", FRONTENDS, ids=lambda f: f.kind.label)
+def test_etp_local_keeps_outside_clients_on_local_endpoints_with_their_source(hook, table, frontend):
+    table.put(svc(local=LOCAL, external_local=True))
+    for _ in range(10):
+        assert forwarded(hook, frontend.key.vip, frontend.key.port, OUTSIDE) == (OUTSIDE, LOCAL[0].addr)
+
+
+def test_etp_local_short_circuits_pods_to_every_endpoint_unmasqueraded(hook, table):
+    table.put(svc(local=LOCAL, external_local=True))
+    reached = set()
+    for _ in range(40):
+        src, dst = forwarded(hook, LB_IP, PORT, POD)
+        assert src == POD
+        reached.add(dst)
+    assert reached == ALL
+
+
+def test_etp_local_without_a_local_endpoint_drops_outside_clients_only(hook, table):
+    table.put(svc(cluster=REMOTE, local=(), external_local=True))
+    assert_dropped(hook, NODE_IP, NODE_PORT, OUTSIDE)
+    assert_dropped(hook, LB_IP, PORT, OUTSIDE)
+    assert forwarded(hook, LB_IP, PORT, POD)[1] in {b.addr for b in REMOTE}
+    assert forwarded(hook, CIP, PORT, OUTSIDE)[1] in {b.addr for b in REMOTE}  # the cluster IP: eTP n/a
+
+
+# --- internalTrafficPolicy: Local ------------------------------------------------------------
+
+def test_itp_local_uses_only_local_endpoints_for_the_cluster_ip(hook, table):
+    table.put(svc(cluster=LOCAL + REMOTE, local=LOCAL, internal_local=True))
+    assert backends_reached(hook, CIP, PORT, POD, 10) == {LOCAL[0].addr}
+    assert len(backends_reached(hook, LB_IP, PORT, OUTSIDE)) == 3  # external: eTP Cluster
+
+
+def test_itp_local_without_a_local_endpoint_drops(hook, table):
+    table.put(svc(cluster=(), local=(), internal_local=True, frontends=()))
+    assert_dropped(hook, CIP, PORT, POD)
+
+
+# --- reject and drop -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target", [(CIP, PORT), (NODE_IP, NODE_PORT), (EXT_IP, PORT), (LB_IP, PORT)],
+                         ids=["clusterIP", "nodePort", "externalIP", "loadBalancer"])
+@pytest.mark.parametrize("client", [POD, OUTSIDE], ids=["pod", "outside"])
+def test_no_endpoints_anywhere_rejects_from_every_frontend(hook, table, target, client):
+    table.put(svc(cluster=(), local=(), has_endpoints=False, external_local=True))
+    assert_rejected(hook, *target, client)
+
+
+def test_a_cluster_ip_port_that_no_service_defines_is_rejected(hook, table):
+    table.put(svc())
+    assert_rejected(hook, CIP, 81)
+    assert_rejected(hook, CIP, PORT, proto="udp")  # only TCP is defined
+    verdict, out = hook.run(eth(IP(src=POD, dst=CIP) / ICMP(type=8) / b"ping"))
+    assert verdict == hook.sent_back and Ether(out)[ICMP].type == 3
+
+
+def test_an_unallocated_service_address_is_dropped_and_others_pass(hook, table):
+    table.put(svc())
+    assert_dropped(hook, "10.96.0.99", PORT)
+    verdict, out, _ = send(hook, "10.97.0.99", PORT)   # outside the service CIDR: not ours
+    assert verdict == hook.passed and Ether(out)[IP].dst == "10.97.0.99"
+
+
+# --- loadBalancerSourceRanges ------------------------------------------------------------------
+
+def test_source_ranges_filter_the_load_balancer_ip_but_not_the_nodeport(hook, table):
+    table.put(svc(source_ranges=("192.0.2.0/28",)))
+    assert forwarded(hook, LB_IP, PORT, "192.0.2.9")[1] in ALL
+    assert_dropped(hook, LB_IP, PORT, "192.0.2.77")
+    assert forwarded(hook, NODE_IP, NODE_PORT, "192.0.2.77")[1] in ALL
+    assert forwarded(hook, EXT_IP, PORT, "192.0.2.77")[1] in ALL
+    table.put(svc())  # ranges removed: everyone again
+    assert forwarded(hook, LB_IP, PORT, "192.0.2.77")[1] in ALL
+    assert not list(table.maps.src_ranges.keys())
+
+
+# --- sessionAffinity: ClientIP -----------------------------------------------------------------
+
+def test_affinity_keeps_a_client_on_one_backend_across_frontends(hook, table):
+    table.put(svc(affinity_s=10800))
+    first = forwarded(hook, CIP, PORT, POD)[1]
+    for dst, dport in [(CIP, PORT)] * 10 + [(LB_IP, PORT), (NODE_IP, NODE_PORT)]:
+        assert forwarded(hook, dst, dport, POD)[1] == first
+    others = {forwarded(hook, CIP, PORT, f"10.0.3.{i}")[1] for i in range(1, 40)}
+    assert len(others) == 3  # other clients still spread
+
+
+def _age_affinity(table, client, seconds):
+    for k, v in table.maps.affinity.items():
+        if k.client == ip_to_raw(client):
+            v.last_ns -= int(seconds * 1e9)
+            table.maps.affinity.put(k, v)
+
+
+def test_affinity_expires_after_its_timeout_without_new_connections(hook, table):
+    table.put(svc(affinity_s=60))
+    picks = set()
+    for _ in range(30):
+        picks.add(forwarded(hook, CIP, PORT, POD)[1])
+        _age_affinity(table, POD, 61)
+    assert len(picks) > 1
+    first = forwarded(hook, CIP, PORT, POD)[1]
+    _age_affinity(table, POD, 59)  # within the timeout: kept
+    assert forwarded(hook, CIP, PORT, POD)[1] == first
+
+
+def test_affinity_to_a_removed_backend_is_forgotten(hook, table):
+    table.put(svc(affinity_s=10800))
+    first = forwarded(hook, CIP, PORT, POD)[1]
+    rest = tuple(b for b in LOCAL + REMOTE if b.addr != first)
+    table.put(svc(cluster=rest, affinity_s=10800))
+    assert forwarded(hook, CIP, PORT, POD)[1] in {b.addr for b in rest}
+
+
+def test_switching_affinity_off_forgets_every_client(hook, table):
+    table.put(svc(affinity_s=10800))
+    forwarded(hook, CIP, PORT, POD)
+    assert list(table.maps.affinity.keys())
+    table.put(svc())
+    assert not list(table.maps.affinity.keys())
+    assert len(backends_reached(hook, CIP, PORT, POD)) == 3
+
+
+def test_the_datapath_counts_policy_decisions(hook, table):
+    before = table.datapath_counters()
+    table.put(svc(cluster=REMOTE, local=(), external_local=True, affinity_s=60, source_ranges=("192.0.2.0/28",)))
+    assert_dropped(hook, NODE_IP, NODE_PORT, OUTSIDE)       # no local endpoint
+    assert_dropped(hook, LB_IP, PORT, "192.0.2.77")          # source range
+    assert_rejected(hook, CIP, 81)                           # bad port
+    assert_dropped(hook, "10.96.0.99", PORT)                 # unallocated
+    forwarded(hook, CIP, PORT)
+    forwarded(hook, CIP, PORT)                               # affinity hit
+    after = table.datapath_counters()
+    for name in ("no_local", "src_range", "bad_port", "unallocated", "affinity"):
+        assert after[name] - before[name] == 1, name
