@@ -117,8 +117,7 @@ def event_latency(iterations: int, traffic_iterations: int) -> dict:
             c.put_slice(api, "bench", "lat", [(want.addr, c.READY)], [("http", c.BACKEND_PORT, "TCP")])
             t_written = time.perf_counter()
             while True:
-                st = table.get(key)
-                if st and st.backends == (want,):
+                if table.read_backends(key) == (want,):
                     break
             t1 = time.perf_counter()
             to_maps.append(t1 - t0)

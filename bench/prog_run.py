@@ -29,6 +29,7 @@ from kxlb.loader.compile import compile_datapath
 from kxlb.loader.layout import Backend, ServiceKey
 from kxlb.loader.maps import Maps
 from kxlb.loader.services import ServiceTable
+from kxlb.loader.svcspec import LbService
 
 SIZES = (1, 1_000, 10_000, 100_000)
 
@@ -58,9 +59,9 @@ def run(calls: int, sizes=SIZES) -> list[dict]:
             dp = compile_datapath(pin)
             with Maps.open(pin) as maps:
                 table = ServiceTable(maps)
-                services = {ServiceKey(*vip_of(i), 6): [Backend(f"10.1.{j}.{i % 250 + 1}", 8080) for j in range(3)]
-                            for i in range(n)}
-                table.add_many(services)
+                table.add_many(LbService.simple(ServiceKey(*vip_of(i), 6),
+                                                [Backend(f"10.1.{j}.{i % 250 + 1}", 8080) for j in range(3)])
+                               for i in range(n))
                 vip, port = vip_of(n // 2)
                 prog = {"tc": dp.tc_fd, "xdp": dp.xdp_fd}
                 est = frame("10.0.0.1", 40000, vip, port)

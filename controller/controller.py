@@ -13,13 +13,17 @@ import threading
 import time
 from dataclasses import dataclass
 
+from kxlb.loader.errors import KxlbError
 from kxlb.loader.layout import C, CtKey, ip_to_raw, port_to_raw, raw_to_ip, raw_to_port
 from kxlb.loader.maps import Maps
+from kxlb.loader.services import DatapathConfig
 
 from .decode import DecodeError, decode_service, decode_slice
+from .healthcheck import HealthCheckServers
 from .informer import DELETED, Informer, WatchTiming
 from .metrics import Metrics
-from .model import Desired, EndpointSlice, Service, service_entries
+from .model import Desired, EndpointSlice, NodeContext, Service, service_entries
+from .node import decode_node, nodeport_addresses
 from .programmer import ApplyResult, Programmer
 
 log = logging.getLogger("kxlb.controller")
@@ -38,6 +42,10 @@ class ControllerConfig:
     timing: WatchTiming | None = None
     cluster_cidr: str | None = None  # clients outside it are masqueraded (kube-proxy --cluster-cidr)
     masquerade_address: str | None = None  # default: the Node's InternalIP
+    masquerade_all: bool = False     # masquerade every new flow to a cluster IP (--masquerade-all)
+    nodeport_addresses: tuple[str, ...] = ()  # CIDRs; empty: kube-proxy's "primary" (the InternalIPs)
+    netns: str | None = None         # where the node's interfaces are (for --nodeport-addresses CIDRs)
+    healthcheck_servers: bool = True  # serve healthCheckNodePorts
 
 
 def tune_gc() -> None:
@@ -68,7 +76,13 @@ class Controller:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._node_ip: str | None = None
-        self._masquerade: tuple | None = None  # what the config map holds
+        self._node_ips: tuple[str, ...] = ()
+        self._node_zone: str | None = None
+        self._node_ctx: NodeContext | None = None
+        self._service_cidrs: dict[str, tuple[str, ...]] = {}   # ServiceCIDR name -> its IPv4 CIDRs
+        self._dp_config: DatapathConfig | None = None  # what the config map holds
+        self._node_dirty = False
+        self.healthchecks = HealthCheckServers(self._proxy_healthy, config.netns) if config.healthcheck_servers else None
         self.syncs = 0
         self.informers = self._informers(api_client) if api_client is not None else []
         for cap_map in ("services", "backends", "conntrack"):
@@ -87,6 +101,8 @@ class Controller:
                      {"label_selector": PROXY_SELECTOR}, timing, restart),
             Informer("nodes", core.list_node, self._on_node,
                      {"field_selector": f"metadata.name={self.config.node_name}"}, timing, restart),
+            Informer("servicecidrs", k8s.NetworkingV1Api(api_client).list_service_cidr, self.on_service_cidr,
+                     {}, timing, restart),
         ]
 
     # --- change tracking (informer threads) ------------------------------------------------
@@ -129,12 +145,48 @@ class Controller:
         self._wake.set()
 
     def _on_node(self, typ: str, key: str, obj: dict) -> None:
-        addrs = (obj.get("status") or {}).get("addresses") or []
-        ip = next((a.get("address") for a in addrs if a.get("type") == "InternalIP"), None)
-        if typ != DELETED and ip and ip != self._node_ip:
-            log.info("node %s: InternalIP %s", key.strip("/"), ip)
-            self._node_ip = ip
-            self._wake.set()
+        if typ == DELETED:
+            return  # keep serving with what we knew (kube-proxy does too)
+        try:
+            node = decode_node(obj)
+        except DecodeError as exc:
+            self._skip(exc, obj)
+            return
+        with self._lock:
+            if (node.ips, node.zone) == (self._node_ips, self._node_zone):
+                return
+            log.info("node %s: InternalIPs %s, zone %s", node.name, ", ".join(node.ips) or "(none)", node.zone)
+            self._node_ips, self._node_zone = node.ips, node.zone
+            self._node_ip = node.ips[0] if node.ips else None
+            self._node_dirty = True  # NodePort addresses and topology: every service again
+        self._wake.set()
+
+    def on_service_cidr(self, typ: str, key: str, obj: dict) -> None:
+        cidrs = () if typ == DELETED else tuple(c for c in (obj.get("spec") or {}).get("cidrs") or () if ":" not in c)
+        with self._lock:
+            if cidrs:
+                self._service_cidrs[key] = cidrs
+            else:
+                self._service_cidrs.pop(key, None)
+        self._wake.set()
+
+    def _proxy_healthy(self) -> bool:
+        """serviceProxyHealthy of the health check servers: the first sync is done and
+        the sync loop is alive."""
+        return self.metrics.ready.is_set() and getattr(self, "_thread", None) is not None and self._thread.is_alive()
+
+    def node_context(self) -> NodeContext:
+        """This node as the service model needs it (NodePort addresses resolved)."""
+        if self.config.nodeport_addresses:
+            try:
+                addrs = nodeport_addresses(self.config.nodeport_addresses, self.config.netns)
+            except KxlbError as exc:
+                log.error("--nodeport-addresses: %s; NodePorts are not served", exc)
+                addrs = ()
+        else:
+            addrs = self._node_ips
+        return NodeContext(name=self.config.node_name, zone=self._node_zone, nodeport_addresses=addrs,
+                           ip=self._node_ip)
 
     def _skip(self, exc: DecodeError, obj: dict) -> None:
         log.error("skipping %s", exc)
@@ -157,15 +209,17 @@ class Controller:
             inf.stop()
         if getattr(self, "_thread", None):
             self._thread.join(timeout=10)
+        if self.healthchecks is not None:
+            self.healthchecks.close()
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            if all(inf.synced.is_set() for inf in self.informers[:2]):
+            if all(inf.synced.is_set() for inf in self.informers[:3]):
                 break
             self._stop.wait(0.05)
         if self._stop.is_set():
             return
-        # Nothing is programmed until Services and EndpointSlices have both synced once;
+        # Nothing is programmed until Services, EndpointSlices and the Node have synced once;
         # then one full sync against what the pinned maps already hold (adoption).
         self.sync(full=True)
         gc.freeze()  # the caches just built are long-lived: keep the collector off them
@@ -201,21 +255,22 @@ class Controller:
     def _sync(self, full: bool) -> ApplyResult:
         t0 = time.perf_counter()
         with self._lock:
+            if self._node_dirty:
+                full, self._node_dirty = True, False
             ids = (set(self.services) | set(self.fragments)) if full else self._dirty
             self._dirty = set()
             work = [(sid, self.services.get(sid), list(self.slices_by_service.get(sid, {}).values())) for sid in ids]
             triggers = [self._triggers.pop(sid) for sid in ids if sid in self._triggers]
+        node = self._node_ctx = self.node_context() if full or self._node_ctx is None else self._node_ctx
         desired: dict = {}
-        owners: dict = {}
         scope: set = set()
         for sid, svc, slices in work:
             frag = Desired()
             if svc is not None:
-                service_entries(svc, slices, frag)
+                service_entries(svc, slices, frag, node)
             old = self.fragments.get(sid)
             scope |= set(frag.services) | (set(old.services) if old else set())
             desired.update(frag.services)
-            owners.update(frag.owners)
             for reason in frag.skipped:
                 log.warning("skipping %s", reason)
                 self.metrics.objects_skipped.labels("ServicePort").inc()
@@ -223,14 +278,16 @@ class Controller:
                 self.fragments.pop(sid, None)
             else:
                 self.fragments[sid] = frag
-        self._apply_masquerade()
-        res = self.programmer.apply(desired, owners, scope=None if full else scope)
+        self._apply_config()
+        res = self.programmer.apply(desired, scope=None if full else scope)
         for msg in res.failed:
             log.error("not programmed: %s", msg)
             self.metrics.objects_skipped.labels("MapWrite").inc()
         if res.udp_removed:
             flushed = flush_udp_flows(self.maps, res.udp_removed)
             self.metrics.udp_flows_flushed.inc(flushed)
+        if work:
+            self._publish_service_state(node)
         elapsed = time.perf_counter() - t0
         self.metrics.sync_duration.observe(elapsed)
         (self.metrics.sync_full_duration if full else self.metrics.sync_partial_duration).observe(elapsed)
@@ -240,20 +297,44 @@ class Controller:
             self.metrics.network_programming.observe(max(0.0, now - t))
         cur = self.programmer.current
         self.metrics.services_programmed.set(len(cur))
-        self.metrics.endpoints_programmed.set(sum(len(s.backends) for s in cur.values()))
+        self.metrics.endpoints_programmed.set(sum(len(s.spec.cluster) + len(s.spec.local) for s in cur.values()))
         self.syncs += 1
         if res.changed:
             log.info("%s sync: %d added, %d updated, %d deleted in %.1f ms", "full" if full else "partial",
                      res.added, res.updated, res.deleted, elapsed * 1000)
         return res
 
-    def _apply_masquerade(self) -> None:
-        want = (self.config.masquerade_address or self._node_ip, self.config.cluster_cidr)
-        if want != self._masquerade:
-            self.programmer.table.set_masquerade(*want)
-            self._masquerade = want
-            log.info("masquerade to %s for hairpin flows%s", want[0] or "(nothing: no address known)",
-                     f" and clients outside {want[1]}" if want[1] else "")
+    def _publish_service_state(self, node: NodeContext) -> None:
+        """What is per Service rather than per map entry: health check servers and the
+        no-local-endpoints gauges (summed over every Service's last fragment)."""
+        checks: dict[str, tuple[int, int]] = {}
+        no_local = {"internal": 0, "external": 0}
+        for frag in self.fragments.values():
+            checks.update(frag.health_checks)
+            for policy, n in frag.no_local.items():
+                no_local[policy] = no_local.get(policy, 0) + n
+        for policy, n in no_local.items():
+            self.metrics.no_local_endpoints.labels(policy).set(n)
+        if self.healthchecks is not None:
+            self.healthchecks.sync(checks, node.nodeport_addresses if self.config.nodeport_addresses else ())
+
+    def _apply_config(self) -> None:
+        with self._lock:
+            cidrs = tuple(sorted({c for cs in self._service_cidrs.values() for c in cs}))
+        want = DatapathConfig(snat_addr=self.config.masquerade_address or self._node_ip,
+                              cluster_cidr=self.config.cluster_cidr, service_cidrs=cidrs[:C["MAX_SVC_CIDRS"]],
+                              masquerade_all=self.config.masquerade_all)
+        if want == self._dp_config:
+            return
+        if len(cidrs) > C["MAX_SVC_CIDRS"]:
+            log.error("%d IPv4 service CIDRs, the datapath knows the first %d: %s", len(cidrs), C["MAX_SVC_CIDRS"],
+                      ", ".join(cidrs))
+        self.programmer.table.set_config(want)
+        self._dp_config = want
+        log.info("datapath: masquerade to %s (hairpin%s%s); service CIDRs %s",
+                 want.snat_addr or "(nothing: no address known)",
+                 f", clients outside {want.cluster_cidr}" if want.cluster_cidr else "",
+                 ", all cluster IP traffic" if want.masquerade_all else "", ", ".join(cidrs) or "(none known)")
 
     def reconcile(self) -> None:
         """Periodic: a full sync from the caches, then repair of what was changed in the

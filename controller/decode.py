@@ -1,13 +1,15 @@
 """Raw API JSON (dicts, as listed and watched without the client's models) -> model.
 
 Every field is checked; a bad one raises DecodeError naming the object and the field,
-so the controller can skip that object, say why, and keep going.
+so the controller can skip that object, say why, and keep going. Except where kube-proxy
+itself just skips an entry (an externalIP or ingress IP it cannot parse): one bad entry
+must not take the whole Service down.
 """
 from __future__ import annotations
 
 import socket
 
-from .model import Endpoint, EndpointSlice, Service, ServicePort, SlicePort
+from .model import Endpoint, EndpointSlice, Service, ServicePort, SlicePort, ipv4_sloppy
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 
@@ -45,22 +47,115 @@ def _port(value, kind: str, oid: str, field: str, optional: bool = False) -> int
     return value
 
 
+def _int(value, kind: str, oid: str, field: str, lo: int, hi: int, default: int) -> int:
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise DecodeError(kind, oid, field, f"{value!r} is not an integer in {lo}-{hi}")
+    return value
+
+
+def _typed(value, typ: type, oid: str, field: str, default):
+    """``value`` if of type ``typ``, ``default`` if absent; else the object is malformed."""
+    if value is None:
+        return default
+    if not isinstance(value, typ):
+        raise DecodeError("Service", oid, field, f"{value!r} is not a {typ.__name__}")
+    return value
+
+
+def _ip(text) -> str | None:
+    """An IP address as kube-proxy's ParseIPSloppy accepts it, else None. IPv4 comes out
+    dotted-quad (leading zeros and the IPv4-mapped IPv6 form are IPv4 to Go)."""
+    try:
+        socket.inet_pton(socket.AF_INET, text)
+        return text
+    except (OSError, TypeError):
+        pass
+    if not isinstance(text, str):
+        return None
+    return ipv4_sloppy(text) or (text if is_ip(text) else None)
+
+
+def _ingress(lb, oid: str) -> tuple[tuple[str, str | None], ...]:
+    """status.loadBalancer.ingress: (ip, ipMode) of the entries with an IP. Hostname-only
+    entries are for the load balancer's clients, not for the proxy; an IP kube-proxy
+    cannot parse is skipped, as it does."""
+    out = []
+    field = "status.loadBalancer.ingress"
+    for i, ing in enumerate(_typed(_typed(lb, dict, oid, "status.loadBalancer", {}).get("ingress"), list, oid,
+                                   field, ())):
+        ip = _ip(ing.get("ip")) if isinstance(ing, dict) else None
+        if ip:
+            out.append((ip, _typed(ing.get("ipMode"), str, oid, f"{field}[{i}].ipMode", None)))
+    return tuple(out)
+
+
+def _affinity_timeout(spec: dict, oid: str) -> int:
+    cfg = _typed(spec.get("sessionAffinityConfig"), dict, oid, "spec.sessionAffinityConfig", {})
+    client = _typed(cfg.get("clientIP"), dict, oid, "spec.sessionAffinityConfig.clientIP", {})
+    return _int(client.get("timeoutSeconds"), "Service", oid,
+                "spec.sessionAffinityConfig.clientIP.timeoutSeconds", 1, 86400, 10800)
+
+
+_STRINGS = ("type", "externalTrafficPolicy", "internalTrafficPolicy", "sessionAffinity", "trafficDistribution")
+
+
 def decode_service(obj: dict) -> Service:
     oid = _id(obj)
     spec = obj.get("spec") or {}
-    ips = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else [])
+    ips = list(spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else []))
     for i, ip in enumerate(ips):
         if ip == "None" and i == 0:
             continue
-        if not is_ip(ip):
+        ips[i] = _ip(ip)
+        if ips[i] is None:
             raise DecodeError("Service", oid, f"spec.clusterIPs[{i}]", f"{ip!r} is not an IP address")
     ports = []
     for i, p in enumerate(spec.get("ports") or []):
-        ports.append(ServicePort(name=p.get("name") or "",
-                                 port=_port(p.get("port"), "Service", oid, f"spec.ports[{i}].port"),
-                                 protocol=p.get("protocol") or "TCP"))
-    return Service(namespace=obj["metadata"].get("namespace", ""), name=obj["metadata"]["name"],
-                   type=spec.get("type") or "ClusterIP", cluster_ips=tuple(ips), ports=tuple(ports))
+        np = p.get("nodePort")   # absent: none allocated (ClusterIP, allocateLoadBalancerNodePorts: false)
+        ports.append(ServicePort(p.get("name") or "",
+                                 _port(p.get("port"), "Service", oid, f"spec.ports[{i}].port"),
+                                 p.get("protocol") or "TCP",
+                                 _int(np, "Service", oid, f"spec.ports[{i}].nodePort", 0, 65535, 0) if np else 0))
+    # The policies etc. are only compared with their values: a string of any other
+    # value means the default, as in kube-proxy; a non-string is a malformed object.
+    get = spec.get
+    typ, etp, itp = get("type") or "ClusterIP", get("externalTrafficPolicy") or "Cluster", \
+        get("internalTrafficPolicy") or "Cluster"
+    aff, td = get("sessionAffinity") or "None", get("trafficDistribution") or None
+    if not (type(typ) is type(etp) is type(itp) is type(aff) is str) or not (td is None or type(td) is str):
+        k, v = next((k, spec[k]) for k in _STRINGS if spec.get(k) and type(spec[k]) is not str)
+        raise DecodeError("Service", oid, f"spec.{k}", f"{v!r} is not a string")
+    # The optional lists, decoded only when present (the hot loop of a 10k-service sync)
+    ext = spec.get("externalIPs")
+    if ext:   # kube-proxy skips entries it cannot parse: one must not take the Service down
+        ext = tuple(ip for ip in map(_ip, _typed(ext, list, oid, "spec.externalIPs", ())) if ip)
+    ranges = spec.get("loadBalancerSourceRanges")
+    if ranges:   # kept as written: the model trims, parses and reports them as kube-proxy
+        ranges = tuple(_typed(r, str, oid, f"spec.loadBalancerSourceRanges[{i}]", "")
+                       for i, r in enumerate(_typed(ranges, list, oid, "spec.loadBalancerSourceRanges", ())))
+    status = obj.get("status")
+    lb = status.get("loadBalancer") if status else None
+    hc = spec.get("healthCheckNodePort")
+    return Service(
+        namespace=obj["metadata"].get("namespace", ""), name=obj["metadata"]["name"],
+        type=typ, cluster_ips=tuple(ips), ports=tuple(ports),
+        external_ips=ext or (), lb_ingress=_ingress(lb, oid) if lb else (), lb_source_ranges=ranges or (),
+        external_traffic_policy=etp, internal_traffic_policy=itp, session_affinity=aff,
+        # kube-proxy reads the timeout only for ClientIP; 10800 s is the API's default
+        affinity_timeout=_affinity_timeout(spec, oid) if aff == "ClientIP" else 10800,
+        traffic_distribution=td,
+        health_check_node_port=_int(hc, "Service", oid, "spec.healthCheckNodePort", 0, 65535, 0) if hc else 0)
+
+
+def _hint_names(hints: dict, key: str, oid: str, i: int) -> tuple[str, ...]:
+    """endpoints[i].hints.<key>[].name (forZones, forNodes)."""
+    try:
+        return tuple(h.get("name") or "" for h in hints.get(key) or ())
+    except (AttributeError, TypeError):
+        raise DecodeError("EndpointSlice", oid, f"endpoints[{i}].hints.{key}",
+                          "not a list of {name: ...} objects") from None
 
 
 def decode_slice(obj: dict) -> EndpointSlice:
@@ -72,24 +167,39 @@ def decode_slice(obj: dict) -> EndpointSlice:
     atype = obj.get("addressType") or "IPv4"
     endpoints = []
     append = endpoints.append  # the hot loop of a full sync: ~100k endpoints for 10k services
-    check_ip = atype in ("IPv4", "IPv6")
+    v4, v6 = atype == "IPv4", atype == "IPv6"
+    pton, AF_INET = socket.inet_pton, socket.AF_INET
     for i, ep in enumerate(obj.get("endpoints") or ()):
         addrs = ep.get("addresses")
         if not addrs:
             continue
         addr = addrs[0]
-        if check_ip and not is_ip(addr):
-            raise DecodeError("EndpointSlice", oid, f"endpoints[{i}].addresses[0]",
-                              f"{addr!r} is not an IP address")
+        if v4:
+            try:
+                pton(AF_INET, addr)
+            except (OSError, TypeError):
+                # kube-proxy parses sloppily: "010.0.0.1" (stored before Go got strict) is 10.0.0.1
+                addr = ipv4_sloppy(addr) if isinstance(addr, str) else None
+                if addr is None:
+                    raise DecodeError("EndpointSlice", oid, f"endpoints[{i}].addresses[0]",
+                                      f"{addrs[0]!r} is not an IPv4 address") from None
+        elif v6 and not is_ip(addr):
+            raise DecodeError("EndpointSlice", oid, f"endpoints[{i}].addresses[0]", f"{addr!r} is not an IP address")
         cond = ep.get("conditions")
         if cond:  # absent ready/serving mean true, absent terminating false (as kube-proxy)
-            append(Endpoint(addr, cond.get("ready") is not False, cond.get("serving") is not False,
-                            cond.get("terminating") is True, ep.get("nodeName")))
+            e = Endpoint(addr, cond.get("ready") is not False, cond.get("serving") is not False,
+                         cond.get("terminating") is True, ep.get("nodeName"))
         else:
-            append(Endpoint(addr, True, True, False, ep.get("nodeName")))
+            e = Endpoint(addr, True, True, False, ep.get("nodeName"))
+        hints = ep.get("hints")
+        if hints:  # rare (topology-aware services): no cost for the others
+            e = e._replace(zone_hints=_hint_names(hints, "forZones", oid, i),
+                           node_hints=_hint_names(hints, "forNodes", oid, i))
+        append(e)
     ports = []
     for i, p in enumerate(obj.get("ports") or []):
-        ports.append(SlicePort(name=p.get("name") or "",
+        # An absent name is not "": kube-proxy ignores such a port (nil name)
+        ports.append(SlicePort(name=p.get("name"),
                                port=_port(p.get("port"), "EndpointSlice", oid, f"ports[{i}].port", optional=True),
                                protocol=p.get("protocol") or "TCP"))
     return EndpointSlice(namespace=md.get("namespace", ""), name=md["name"], service=service,

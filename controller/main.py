@@ -13,6 +13,7 @@ from kxlb.loader.errors import KxlbError
 from kxlb.loader.maps import Maps
 
 from .metrics import Metrics, serve
+from .node import parse_nodeport_cidrs
 
 log = logging.getLogger("kxlb.controller")
 
@@ -108,7 +109,10 @@ def run(a) -> None:
     ctl = Controller(client, maps, ControllerConfig(node_name=a.node_name, min_sync_period=a.min_sync_period,
                                                     reconcile_period=a.reconcile_period,
                                                     cluster_cidr=a.cluster_cidr,
-                                                    masquerade_address=a.masquerade_address),
+                                                    masquerade_address=a.masquerade_address,
+                                                    masquerade_all=a.masquerade_all,
+                                                    nodeport_addresses=parse_nodeport_cidrs(a.nodeport_addresses),
+                                                    netns=a.netns),
                      metrics, EventRecorder(client, a.node_name)).start()
     log.info("controller for node %s started; maps in %s; metrics on %s", a.node_name, a.pin_dir,
              a.metrics_bind_address)
@@ -175,6 +179,11 @@ def register(sub) -> None:
                                           "(as kube-proxy's --cluster-cidr); hairpin traffic always is")
     p.add_argument("--masquerade-address", help="source address for masqueraded flows (default: the Node's "
                                                 "InternalIP)")
+    p.add_argument("--masquerade-all", action="store_true",
+                   help="masquerade every new flow to a cluster IP (kube-proxy's --masquerade-all)")
+    p.add_argument("--nodeport-addresses", action="append", default=[], metavar="primary|CIDR[,CIDR...]",
+                   help="where NodePorts are served: 'primary' (default: the Node's InternalIPs) or the "
+                        "node's interface addresses inside these CIDRs (kube-proxy's flag); repeatable")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--log-format", default="text", choices=("text", "json"))
     p.set_defaults(func=run)

@@ -36,6 +36,10 @@ class Metrics:
                                           registry=r)
         self.watch_restarts = Counter("kxlb_watch_restarts_total", "Watches restarted, by resource and reason",
                                       ["resource", "reason"], registry=r)
+        self.no_local_endpoints = Gauge(
+            "kxlb_sync_proxy_rules_no_local_endpoints_total",
+            "Service ports whose Local traffic policy has no local endpoint while endpoints exist elsewhere "
+            "(kube-proxy's gauge of the same name)", ["traffic_policy"], registry=r)
         self.map_entries = Gauge("kxlb_map_entries", "Entries in a BPF map", ["map"], registry=r)
         self.map_capacity = Gauge("kxlb_map_capacity", "Capacity of a BPF map", ["map"], registry=r)
         self.drift_repaired = Counter("kxlb_drift_repaired_total",

@@ -3,6 +3,9 @@
 TCP: for every line received, send back "NAME LINE". UDP: for every datagram, send back
 "NAME DATAGRAM". HTTP: any GET (or HEAD) gets status 200 and the body "NAME" (no
 newline), with ``Content-Type: text/plain``; POST gets "NAME " followed by its body.
+Asking "clientip" (a TCP line, a UDP datagram, or HTTP GET /clientip, as agnhost's
+netexec does) answers with the client's address as this server saw it, "NAME IP:PORT"
+(HTTP: "IP:PORT"), so a test can tell a masqueraded client from a preserved one.
 
     python -m kxlb.lab.echo --name N [--netns NS] [--port P] [--tcp P] [--udp P] [--http P]
 
@@ -38,6 +41,13 @@ class _Http(http.server.ThreadingHTTPServer):
     request_queue_size = 1024
 
 
+CLIENTIP = b"clientip"
+
+
+def _peer(addr: tuple) -> bytes:
+    return f"{addr[0]}:{addr[1]}".encode()
+
+
 def make_tcp_server(name: str, port: int, host: str = "0.0.0.0") -> socketserver.BaseServer:
     tag = name.encode()
 
@@ -45,6 +55,8 @@ def make_tcp_server(name: str, port: int, host: str = "0.0.0.0") -> socketserver
         def handle(self) -> None:
             try:
                 for line in self.rfile:
+                    if line.strip() == CLIENTIP:
+                        line = _peer(self.client_address) + b"\n"
                     self.wfile.write(tag + b" " + line)
                     self.wfile.flush()
             except ConnectionError:
@@ -59,6 +71,8 @@ def make_udp_server(name: str, port: int, host: str = "0.0.0.0") -> socketserver
     class UdpHandler(socketserver.BaseRequestHandler):  # one reply, no empty trailer
         def handle(self) -> None:
             data, sock = self.request
+            if data.strip() == CLIENTIP:
+                data = _peer(self.client_address)
             sock.sendto(tag + b" " + data, self.client_address)
 
     return _Udp((host, port), UdpHandler)
@@ -80,7 +94,7 @@ def make_http_server(name: str, port: int, host: str = "0.0.0.0") -> socketserve
                 self.wfile.write(payload)
 
         def do_GET(self) -> None:  # noqa: N802
-            self._reply(body)
+            self._reply(_peer(self.client_address) if self.path == "/clientip" else body)
 
         def do_HEAD(self) -> None:  # noqa: N802
             self._reply(body, head=True)

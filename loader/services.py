@@ -163,7 +163,18 @@ class ServiceTable:
         return out
 
     def get(self, key: ServiceKey) -> ServiceState | None:
+        """As this table last read or wrote it (see read_backends for a fresh look)."""
         return self.states.get(key)
+
+    def read_backends(self, key: ServiceKey) -> tuple[Backend, ...] | None:
+        """The cluster-wide set of a service port straight from the maps (for a reader
+        polling another process's writes); None if there is no such service port."""
+        v = self.maps.services.get(key.to_c())
+        if v is None or v.kind != Kind.CLUSTER_IP:
+            return None
+        bs = (self.maps.backends.get(BackendKey(svc_id=v.svc_id, slot=i, gen=v.gen, set=SETS[0]))
+              for i in range(v.count))
+        return tuple(Backend.from_c(b) for b in bs if b is not None)
 
     # --- writing ------------------------------------------------------------------------
     def _check_capacity(self, services: int, slots: int, entries: int = 0) -> None:

@@ -1,0 +1,72 @@
+"""This node, as the service model needs it: its InternalIPs (kube-proxy's "primary" node
+addresses, where NodePorts listen by default), its zone (topology hints), and the
+addresses of its interfaces that --nodeport-addresses CIDRs select."""
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from kxlb.loader.errors import KxlbError
+
+from .decode import DecodeError, is_ip
+
+ZONE_LABEL = "topology.kubernetes.io/zone"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    ips: tuple[str, ...]       # IPv4 InternalIPs, in the Node's order
+    zone: str | None
+
+
+def decode_node(obj: dict) -> NodeInfo:
+    md = obj.get("metadata") or {}
+    name = md.get("name") or ""
+    ips = []
+    for i, a in enumerate((obj.get("status") or {}).get("addresses") or ()):
+        if a.get("type") != "InternalIP":
+            continue
+        addr = a.get("address")
+        if not is_ip(addr):
+            raise DecodeError("Node", name, f"status.addresses[{i}].address", f"{addr!r} is not an IP address")
+        if ":" not in addr:  # an IPv6 InternalIP is the IPv6 proxy's business
+            ips.append(addr)
+    return NodeInfo(name=name, ips=tuple(ips), zone=(md.get("labels") or {}).get(ZONE_LABEL))
+
+
+def parse_nodeport_cidrs(values: list[str]) -> tuple[str, ...]:
+    """--nodeport-addresses: "primary" (the default) or IPv4 CIDRs, comma-separated or
+    repeated. Returns the CIDRs; () for primary."""
+    items = [v.strip() for raw in values for v in raw.split(",") if v.strip()]
+    if not items or items == ["primary"]:
+        return ()
+    out = []
+    for v in items:
+        if v == "primary":
+            raise KxlbError("--nodeport-addresses: 'primary' cannot be combined with CIDRs")
+        try:
+            net = ipaddress.ip_network(v, strict=False)
+        except ValueError:
+            raise KxlbError(f"--nodeport-addresses: {v!r} is not a CIDR") from None
+        if net.version == 4:
+            out.append(str(net))
+    return tuple(out)
+
+
+def nodeport_addresses(cidrs: tuple[str, ...], netns: str | None) -> tuple[str, ...]:
+    """The IPv4 addresses of the node's interfaces (in ``netns``) inside ``cidrs``, as
+    kube-proxy's --nodeport-addresses selects them."""
+    from pyroute2 import IPRoute
+
+    from kxlb.loader.netns import netns as enter
+
+    nets = [ipaddress.IPv4Network(c) for c in cidrs]
+    with enter(netns):
+        ipr = IPRoute()
+    try:
+        addrs = [a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(family=2)]
+    finally:
+        ipr.close()
+    return tuple(sorted({a for a in addrs if a and any(ipaddress.IPv4Address(a) in n for n in nets)},
+                        key=lambda a: ipaddress.IPv4Address(a).packed))
