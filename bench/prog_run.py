@@ -79,6 +79,57 @@ def run(calls: int, sizes=SIZES) -> list[dict]:
     return rows
 
 
+VARIANT_SERVICES = 1_000
+NODE_IP = "10.250.0.11"
+
+
+def variants(calls: int) -> list[dict]:
+    """The same measurement for other frontends of one service port among 1,000: the
+    cluster IP (the table's path), a NodePort (external frontend: masquerade to the node),
+    and a cluster IP with sessionAffinity ClientIP (one more LRU lookup and update)."""
+    from kxlb.loader.services import DatapathConfig
+    from kxlb.loader.svcspec import Frontend, Kind
+
+    rows = []
+    pin = f"/sys/fs/bpf/{unique_tag()}"
+    try:
+        dp = compile_datapath(pin)
+        with Maps.open(pin) as maps:
+            table = ServiceTable(maps)
+            table.set_config(DatapathConfig(snat_addr=NODE_IP, cluster_cidr="10.0.0.0/8"))
+            backends = lambda i: [Backend(f"10.1.{j}.{i % 250 + 1}", 8080) for j in range(3)]  # noqa: E731
+            specs = [LbService.simple(ServiceKey(*vip_of(i), 6), backends(i)) for i in range(VARIANT_SERVICES - 2)]
+            specs.append(LbService(ServiceKey("10.99.0.1", 80, 6), cluster=tuple(backends(1)), has_endpoints=True,
+                                   frontends=(Frontend(ServiceKey(NODE_IP, 30080, 6), Kind.NODE_PORT),)))
+            specs.append(LbService(ServiceKey("10.99.0.2", 80, 6), cluster=tuple(backends(2)), has_endpoints=True,
+                                   affinity_s=10800))
+            table.add_many(specs)
+            targets = (("clusterIP", *vip_of(VARIANT_SERVICES // 2)), ("nodePort", NODE_IP, 30080),
+                       ("affinity", "10.99.0.2", 80))
+            for hook, fd in (("tc", dp.tc_fd), ("xdp", dp.xdp_fd)):
+                for k, (name, addr, port) in enumerate(targets):
+                    est = frame("10.0.0.1", 40000 + k, addr, port)
+                    prog_test_run(fd, est)
+                    prefix = f"10.{4 + 2 * k + (hook == 'xdp')}"  # outside 10.0/16 clients: masquerade applies
+                    new = lambda i, p=prefix: frame(f"{p}.{i // 60000}.1", 1024 + i % 60000, addr, port)  # noqa: E731
+                    rows.append({"frontend": name, "hook": hook,
+                                 "established_ns": median_ns(fd, lambda i: est, calls),
+                                 "new_flow_ns": median_ns(fd, new, calls)})
+    finally:
+        shutil.rmtree(pin, ignore_errors=True)
+    return rows
+
+
+def variants_table(rows: list[dict]) -> str:
+    base = {(r["hook"]): r for r in rows if r["frontend"] == "clusterIP"}
+    out = ["| frontend (1,000 services) | hook | established ns | new flow ns | new / clusterIP new |",
+           "|---|---|---:|---:|---:|"]
+    for r in rows:
+        out.append(f"| {r['frontend']} | {r['hook']} | {r['established_ns']:.0f} | {r['new_flow_ns']:.0f} | "
+                   f"{r['new_flow_ns'] / max(base[r['hook']]['new_flow_ns'], 1):.2f}x |")
+    return "\n".join(out)
+
+
 def primitives(calls: int) -> dict[str, float]:
     """ns of single kernel primitives (XDP, one packet per syscall), minus pass-through."""
     from bcc import BPF
@@ -119,14 +170,17 @@ def main() -> None:
     ap.add_argument("--json", help="also write the rows to this file")
     a = ap.parse_args()
     rows = run(a.calls, [int(s) for s in a.sizes.split(",")])
+    var = variants(a.calls)
     prims = primitives(a.calls)
     print(table(rows))
+    print("\nother frontends and options of one service port, same method:")
+    print(variants_table(var))
     print("\nkernel primitives on this machine (ns over pass-through, same method):")
     for name, ns in prims.items():
         print(f"  {name:24} {ns:6.0f}")
     print(f"\n{machine_notes()}; median of {a.calls} packets per cell")
     if a.json:
-        Path(a.json).write_text(json.dumps({"rows": rows, "primitives": prims, "machine": machine_notes()}, indent=1))
+        Path(a.json).write_text(json.dumps({"rows": rows, "variants": var, "primitives": prims, "machine": machine_notes()}, indent=1))
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from kxlb.loader.netns import netns
 
 from . import controlplane as cpmod
 from .controlplane import ControlPlane, ControlPlaneError, Ports
-from .nodes import CLUSTER_CIDR, NodeSpec, Topology, netns_exists, run
+from .nodes import CLUSTER_CIDR, LB_POOL, NodeSpec, Topology, netns_exists, run
 
 DEFAULT_WORKDIR = cpmod.DEFAULT_WORKDIR
 MARKER_ENV = "KXLB_LAB"
@@ -361,6 +361,12 @@ class Lab:
         for n in self.node_specs:
             self._start_agent(n)
         self._wait_nodes(timeout)
+        self._start_lbpool()
+
+    def _start_lbpool(self) -> None:
+        argv = [sys.executable, "-m", "kxlb.lab.lbpool", "--kubeconfig", str(self.kubeconfig), "--pool", LB_POOL]
+        p = self._spawn("lbpool", argv, "lbpool")
+        self.log(f"load-balancer IP pool {LB_POOL} (pid {p.pid})")
 
     def _write_state(self, extra: dict) -> None:
         st = self.read_state() or {}
@@ -404,6 +410,8 @@ class Lab:
                 self.log(f"pod agent of {n.name} not running: starting it")
                 self._start_agent(n)
         self._wait_nodes(60)
+        if not self._read_pid("lbpool"):
+            self._start_lbpool()
         st = self.read_state() or {}
         want = self.proxy_requested
         if st.get("proxy") != want or (want != "none" and any(not self._read_pid(f"proxy-{n.name}")

@@ -12,10 +12,11 @@ client, per-pod namespaces with routed veths, and a cgroup v2 directory per node
           │ veth, route 10.244.i.x/32 dev kxpXXXXXXXX
       pod netns  eth0 10.244.i.x/32, default via 10.244.i.1 (covers the service CIDR)
 
-Node i routes the other nodes' podCIDRs via their InternalIP, and the service CIDR
-on-link through eth0 (a host-network process needs *a* route to connect to a
-ClusterIP before a proxy translates it). The client routes only the service CIDR, via
-node 1. Nothing has a default route, nothing is connected to the host's network
+Node i routes the other nodes' podCIDRs via their InternalIP, and the service CIDR,
+the load-balancer pool and the externalIP range on-link through eth0 (a host-network
+process needs *a* route to connect to a service address before a proxy translates it).
+The client routes those three ranges via node 1, as a router in front of a cluster
+would, and reaches NodePorts on the node addresses directly. Nothing has a default route, nothing is connected to the host's network
 namespace: lab traffic cannot leave the machine.
 
 Everything is named after the lab's *name* (default ``kxlab``), so two labs with
@@ -37,6 +38,10 @@ from kxlb.loader.netns import netns
 FABRIC_CIDR = "10.250.0.0/24"
 CLUSTER_CIDR = "10.244.0.0/16"
 SERVICE_CIDR = "10.96.0.0/16"
+LB_POOL = "10.250.100.0/24"          # load-balancer IPs (lab/lbpool.py assigns them)
+EXTERNAL_IP_RANGE = "10.250.200.0/24"  # for spec.externalIPs in tests and the demo
+# What the client (a router's view of the cluster) sends via node 1.
+CLIENT_ROUTES = (SERVICE_CIDR, LB_POOL, EXTERNAL_IP_RANGE)
 CLIENT_HOST = 100          # 10.250.0.100
 NODE_HOST_BASE = 10        # node i: 10.250.0.(10+i)
 POD_VETH_PREFIX = "kxp"    # the controller attaches to eth0 and kxp*
@@ -188,7 +193,7 @@ class Topology:
         return {
             "name": self.name, "fabric_netns": self.fabric_ns,
             "client": {"netns": self.client_ns, "ip": self.client_ip,
-                       "routes": [f"{SERVICE_CIDR} via {self.node(1).ip}"]},
+                       "routes": [f"{r} via {self.node(1).ip}" for r in CLIENT_ROUTES]},
             "nodes": [asdict(n) | {"netns": n.netns} for n in self.node_specs],
             "cgroup_root": self.cgroup_root, "fabric_cidr": FABRIC_CIDR, "cluster_cidr": CLUSTER_CIDR,
             "service_cidr": SERVICE_CIDR,
@@ -207,12 +212,12 @@ class Topology:
             self._fabric_port(f"port{n.index}", n.netns, f"{n.ip}/{prefix}")
         for n in self.node_specs:
             routes = [f"route add {o.pod_cidr} via {o.ip} dev eth0" for o in self.node_specs if o != n]
-            routes.append(f"route add {SERVICE_CIDR} dev eth0")
+            routes += [f"route add {r} dev eth0" for r in CLIENT_ROUTES]
             ip_batch(n.netns, routes)
         self._add_ns(self.client_ns, {"net.ipv4.conf.all.accept_redirects": "0",
                                       "net.ipv4.conf.default.accept_redirects": "0"})
         self._fabric_port("portc", self.client_ns, f"{self.client_ip}/{prefix}")
-        ip_batch(self.client_ns, [f"route add {SERVICE_CIDR} via {self.node(1).ip} dev eth0"])
+        ip_batch(self.client_ns, [f"route add {r} via {self.node(1).ip} dev eth0" for r in CLIENT_ROUTES])
         for n in self.node_specs:
             os.makedirs(n.cgroup, exist_ok=True)
 

@@ -1,0 +1,181 @@
+"""Service types and policies through real kube-proxy (nftables) and through kxlb, with
+real packets from the outside client, from a pod and from a node: NodePort, externalIPs,
+LoadBalancer (IP from the lab's pool), externalTrafficPolicy Local (source kept, only
+local endpoints, the health check node port), internalTrafficPolicy Local, session
+affinity, and reject. The same assertions hold for both proxies.
+
+Layout: pod "local" on node 1, pod "remote" on node 2 (both app=web), a client pod on
+node 2. The outside client routes service, LB and externalIP ranges via node 1.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from kxlb.lab import kube
+from kxlb.lab.client import tcp_request
+from kxlb.lab.cluster import http_get
+from kxlb.lab.nodes import EXTERNAL_IP_RANGE
+
+EXT_IP = EXTERNAL_IP_RANGE.replace("0/24", "10")
+TCP_PORT = [{"name": "tcp", "port": 80, "targetPort": "tcp", "protocol": "TCP"}]
+
+
+def answers(ns: str, addr: str, port: int, tries: int = 30) -> Counter:
+    """Which pods answer `tries` new connections, and the client address each saw:
+    Counter of (pod, client ip). Failed attempts count as ("error", errno name)."""
+    seen: Counter = Counter()
+    for _ in range(tries):
+        try:
+            reply = tcp_request(ns, addr, port, line="clientip", timeout=2)[0].split()
+            seen[(reply[0], reply[1].rsplit(":", 1)[0])] += 1
+        except ConnectionRefusedError:
+            seen[("error", "refused")] += 1
+        except OSError as exc:
+            seen[("error", type(exc).__name__)] += 1
+    return seen
+
+
+def eventually(check, what: str, timeout: float = 30):
+    """Retry ``check`` (returns (ok, detail)) until ok: the proxies program asynchronously."""
+    last = [None]
+
+    def once():
+        ok, last[0] = check()
+        return ok
+    kube.wait_for(once, timeout, f"{what} (last: {last[0]})", interval=0.3)
+
+
+@pytest.fixture
+def web(lab, k8s):
+    """Pods local (node 1) and remote (node 2) behind app=web, and a client pod on node 2."""
+    k8s.pod("local", labels={"app": "web"}, node_name=lab.node(1).name)
+    k8s.pod("remote", labels={"app": "web"}, node_name=lab.node(2).name)
+    k8s.pod("client", labels={"app": "client"}, ports=[], node_name=lab.node(2).name)
+    pods = k8s.ready_pods("app=web", 2)
+    k8s.ready_pods("app=client", 1)
+    ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in pods}
+    cns = lab.resolve_target(f"{k8s.name}/client")[0]
+    return ips, cns
+
+
+def lb_service(k8s, name: str, **spec) -> dict:
+    svc = k8s.service(name, selector={"app": "web"}, ports=TCP_PORT, type="LoadBalancer", **spec)
+
+    def assigned():
+        s = kube._json(kube._core(k8s.api).read_namespaced_service(name, k8s.name, _preload_content=False))
+        ing = (s.get("status", {}).get("loadBalancer") or {}).get("ingress") or []
+        return s if ing else None
+    return kube.wait_for(assigned, 30, f"load-balancer IP for {name}")
+
+
+@pytest.mark.parametrize("proxy", ["kube-proxy", "kxlb"])
+def test_nodeport_external_ip_and_load_balancer(with_proxy, k8s, web, proxy):
+    lab = with_proxy(proxy)
+    ips, cns = web
+    svc = lb_service(k8s, "web", externalIPs=[EXT_IP])
+    node_port = svc["spec"]["ports"][0]["nodePort"]
+    lb_ip = svc["status"]["loadBalancer"]["ingress"][0]["ip"]
+    client, node1, node2 = lab.client_ip, lab.node(1).ip, lab.node(2).ip
+    k8s.wait_endpoints("web", ips.values())
+
+    # externalTrafficPolicy Cluster: every endpoint, from every way in; outside clients
+    # are masqueraded (the backend does not see the client's address).
+    for what, ns, addr, port in (("nodePort on node 1", lab.client_ns, node1, node_port),
+                                 ("nodePort on node 2", lab.client_ns, node2, node_port),
+                                 ("LB IP", lab.client_ns, lb_ip, 80),
+                                 ("externalIP", lab.client_ns, EXT_IP, 80),
+                                 ("LB IP from a pod", cns, lb_ip, 80),
+                                 ("nodePort from a pod", cns, node1, node_port)):
+        def check(ns=ns, addr=addr, port=port):
+            seen = answers(ns, addr, port)
+            pods = {p for p, _ in seen}
+            return pods == {"local", "remote"} and all(src != client for _, src in seen), dict(seen)
+        eventually(check, f"{proxy}: {what}: both pods, outside client masqueraded")
+
+    # externalTrafficPolicy Local: outside clients reach only the node's own endpoint,
+    # with their address kept; pods short-circuit to every endpoint.
+    kube._core(k8s.api).patch_namespaced_service("web", k8s.name, {"spec": {"externalTrafficPolicy": "Local"}})
+    for what, addr, port, pod in (("nodePort on node 1", node1, node_port, "local"),
+                                  ("nodePort on node 2", node2, node_port, "remote"),
+                                  ("LB IP via node 1", lb_ip, 80, "local"),
+                                  ("externalIP via node 1", EXT_IP, 80, "local")):
+        def check(addr=addr, port=port, pod=pod):
+            seen = answers(lab.client_ns, addr, port, tries=10)
+            return set(seen) == {(pod, client)}, dict(seen)
+        eventually(check, f"{proxy}: eTP Local: {what}: only {pod}, source kept")
+
+    def from_pod():
+        seen = answers(cns, lb_ip, 80)
+        return {p for p, _ in seen} == {"local", "remote"}, dict(seen)
+    eventually(from_pod, f"{proxy}: eTP Local: a pod reaching the LB IP uses every endpoint")
+
+    # The health check node port (what a cloud load balancer probes).
+    hc = kube._json(kube._core(k8s.api).read_namespaced_service("web", k8s.name, _preload_content=False))
+    hcnp = hc["spec"]["healthCheckNodePort"]
+
+    def health(node_ip: str, want: int):
+        def check():
+            try:
+                code, body = http_get(node_ip, hcnp, "/", ns=lab.client_ns)
+            except OSError as exc:
+                return False, repr(exc)
+            doc = json.loads(body) if body.startswith("{") else {}
+            ok = (code, doc.get("localEndpoints"), doc.get("service")) == \
+                (200 if want else 503, want, {"namespace": k8s.name, "name": "web"})
+            return ok and doc.get("serviceProxyHealthy") is True, (code, body)
+        return check
+    eventually(health(node1, 1), f"{proxy}: health check on node 1: 200, 1 local endpoint")
+    k8s.delete_pod("local", grace=0)
+    eventually(health(node1, 0), f"{proxy}: health check on node 1 without local endpoint: 503")
+    eventually(health(node2, 1), f"{proxy}: health check on node 2 still 200")
+
+    # eTP Local with no endpoint on node 1: outside clients via node 1 are dropped (not
+    # rejected: endpoints exist elsewhere), pods still reach the remote one.
+    def dropped():
+        seen = answers(lab.client_ns, node1, node_port, tries=2)
+        return set(seen) == {("error", "TimeoutError")}, dict(seen)
+    eventually(dropped, f"{proxy}: eTP Local without a local endpoint drops")
+
+
+@pytest.mark.parametrize("proxy", ["kube-proxy", "kxlb"])
+def test_internal_traffic_policy_affinity_and_reject(with_proxy, k8s, web, proxy):
+    lab = with_proxy(proxy)
+    ips, cns = web
+    itp = k8s.service("itp", selector={"app": "web"}, ports=TCP_PORT, internalTrafficPolicy="Local")
+    sticky = k8s.service("sticky", selector={"app": "web"}, ports=TCP_PORT, sessionAffinity="ClientIP")
+    k8s.wait_endpoints("itp", ips.values())
+    k8s.wait_endpoints("sticky", ips.values())
+
+    def itp_check():  # the client pod is on node 2: only "remote"
+        seen = answers(cns, itp["spec"]["clusterIP"], 80, tries=15)
+        return {p for p, _ in seen} == {"remote"}, dict(seen)
+    eventually(itp_check, f"{proxy}: internalTrafficPolicy Local from node 2")
+
+    def sticky_check():
+        seen = answers(cns, sticky["spec"]["clusterIP"], 80, tries=15)
+        return len(seen) == 1 and next(iter(seen))[0] in ("local", "remote"), dict(seen)
+    eventually(sticky_check, f"{proxy}: sessionAffinity ClientIP keeps one backend")
+
+    # iTP Local and no endpoint on node 2: dropped from there.
+    k8s.delete_pod("remote", grace=0)
+
+    def itp_drop():
+        seen = answers(cns, itp["spec"]["clusterIP"], 80, tries=2)
+        return set(seen) == {("error", "TimeoutError")}, dict(seen)
+    eventually(itp_drop, f"{proxy}: internalTrafficPolicy Local without a local endpoint drops")
+
+    # No endpoint at all: NodePort and cluster IP reject at once.
+    empty = k8s.service("empty", selector={"app": "nobody"}, ports=TCP_PORT, type="NodePort")
+    for what, ns, addr, port in (("cluster IP from a pod", cns, empty["spec"]["clusterIP"], 80),
+                                 ("nodePort from outside", lab.client_ns, lab.node(1).ip,
+                                  empty["spec"]["ports"][0]["nodePort"])):
+        def refused(ns=ns, addr=addr, port=port):
+            seen = answers(ns, addr, port, tries=2)
+            return set(seen) == {("error", "refused")}, dict(seen)
+        eventually(refused, f"{proxy}: no endpoints: {what} is rejected")
+    # A port the Service does not define on a live cluster IP: rejected too.
+    eventually(lambda: (set(answers(cns, empty["spec"]["clusterIP"], 81, tries=2)) == {("error", "refused")}, ""),
+               f"{proxy}: a cluster IP's undefined port is rejected")
