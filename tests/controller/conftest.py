@@ -136,15 +136,17 @@ def backend_ips(lab) -> list[str]:
 
 
 def make_service(api, ns: str, name: str, ports, endpoints, slice_ports=None, labels=None,
-                 cluster_ip: str | None = None) -> dict:
+                 cluster_ip: str | None = None, **spec_extra) -> dict:
     """A selector-less Service and its EndpointSlice (as an external controller would
     publish it). ports: [(name, port, proto)]; endpoints: [(ip, conditions)];
-    slice_ports: [(name, port, proto)] (default: same names, BACKEND_PORT)."""
+    slice_ports: [(name, port, proto)] (default: same names, BACKEND_PORT); spec_extra:
+    more spec fields (camelCase)."""
     from kubernetes import client
 
     spec = {"ports": [{"name": n, "port": p, "protocol": pr, "targetPort": BACKEND_PORT} for n, p, pr in ports]}
     if cluster_ip:
         spec["clusterIP"] = cluster_ip
+    spec.update(spec_extra)
     svc = client.CoreV1Api(api).create_namespaced_service(
         ns, {"metadata": {"name": name, "labels": labels or {}}, "spec": spec}, _preload_content=False)
     svc = json.loads(svc.data)

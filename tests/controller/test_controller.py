@@ -126,6 +126,25 @@ def test_host_network_processes_reach_services_through_socket_hooks(api, ns, lab
     assert name in {"be0", "be1", "be2"} and peer == ip
 
 
+def test_host_network_connect_fails_as_kube_proxy_would(api, ns, lab, controller):
+    """Socket hooks: no endpoint at all -> ECONNREFUSED at once (kube-proxy rejects);
+    internalTrafficPolicy Local with no endpoint on this node -> ETIMEDOUT at once (kube-proxy
+    drops: the connect would only have timed out)."""
+    empty = make_service(api, ns, "empty", [("http", 80, "TCP")], [])
+    local = make_service(api, ns, "itp", [("http", 80, "TCP")], [(ip, READY) for ip in backend_ips(lab)],
+                         internalTrafficPolicy="Local")
+    for svc in (empty, local):
+        wait_maps(lab, lambda m, s=svc: f"{s['spec']['clusterIP']}:80/tcp" in m)
+    code = ("import socket, errno, sys\n"
+            "for ip in sys.argv[1:]:\n"
+            "    try: socket.create_connection((ip, 80), timeout=10); print('connected')\n"
+            "    except OSError as e: print(errno.errorcode.get(e.errno, e))\n")
+    r = subprocess.run(["sh", "-c", f"echo $$ > {controller.cgroup}/cgroup.procs && exec ip netns exec {lab.node} "
+                        f"{sys.executable} -c \"$0\" {empty['spec']['clusterIP']} {local['spec']['clusterIP']}", code],
+                       capture_output=True, text=True, timeout=20)
+    assert r.stdout.split() == ["ECONNREFUSED", "ETIMEDOUT"], (r.stdout, r.stderr)
+
+
 def test_health_readiness_and_metrics(controller):
     assert http_get("/healthz")[0] == 200 and http_get("/livez")[0] == 200 and http_get("/readyz")[0] == 200
     text = http_get("/metrics")[1]
