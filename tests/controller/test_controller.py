@@ -143,6 +143,9 @@ def test_host_network_connect_fails_as_kube_proxy_would(api, ns, lab, controller
                         f"{sys.executable} -c \"$0\" {empty['spec']['clusterIP']} {local['spec']['clusterIP']}", code],
                        capture_output=True, text=True, timeout=20)
     assert r.stdout.split() == ["ECONNREFUSED", "ETIMEDOUT"], (r.stdout, r.stderr)
+    # kube-proxy's gauge: one service port whose Local policy has no local endpoint.
+    assert controller.metric("kxlb_sync_proxy_rules_no_local_endpoints_total", traffic_policy="internal") == 1
+    assert controller.metric("kxlb_sync_proxy_rules_no_local_endpoints_total", traffic_policy="external") == 0
 
 
 def test_health_readiness_and_metrics(controller):

@@ -61,8 +61,9 @@ def web(lab, k8s):
     return ips, cns
 
 
-def lb_service(k8s, name: str, **spec) -> dict:
-    svc = k8s.service(name, selector={"app": "web"}, ports=TCP_PORT, type="LoadBalancer", **spec)
+def lb_service(k8s, name: str, ports=TCP_PORT, **spec) -> dict:
+    """A LoadBalancer Service over app=web, returned once the lab's pool gave it an IP."""
+    k8s.service(name, selector={"app": "web"}, ports=ports, type="LoadBalancer", **spec)
 
     def assigned():
         s = kube._json(kube._core(k8s.api).read_namespaced_service(name, k8s.name, _preload_content=False))
@@ -179,3 +180,77 @@ def test_internal_traffic_policy_affinity_and_reject(with_proxy, k8s, web, proxy
     # A port the Service does not define on a live cluster IP: rejected too.
     eventually(lambda: (set(answers(cns, empty["spec"]["clusterIP"], 81, tries=2)) == {("error", "refused")}, ""),
                f"{proxy}: a cluster IP's undefined port is rejected")
+
+
+def udp_answers(ns: str, addr: str, port: int, tries: int = 10) -> Counter:
+    from kxlb.lab.client import udp_request
+
+    seen: Counter = Counter()
+    for _ in range(tries):
+        try:
+            reply = udp_request(ns, addr, port, data="clientip", timeout=2)[0].split()
+            seen[(reply[0], reply[1].rsplit(":", 1)[0])] += 1
+        except OSError as exc:
+            seen[("error", type(exc).__name__)] += 1
+    return seen
+
+
+NODE_CLIENT = """
+import socket, sys
+seen = set()
+for _ in range(int(sys.argv[3])):
+    try:
+        c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3)
+        c.sendall(b"clientip\\n")
+        seen.add(c.recv(200).decode().split()[0])
+        c.close()
+    except OSError as e:
+        seen.add(type(e).__name__)
+print(" ".join(sorted(seen)))
+"""
+
+
+@pytest.mark.parametrize("proxy", ["kube-proxy", "kxlb"])
+def test_source_ranges_udp_node_origin_and_topology(with_proxy, k8s, web, proxy):
+    import sys
+
+    lab = with_proxy(proxy)
+    ips, cns = web
+    client = lab.client_ip
+    ports = TCP_PORT + [{"name": "udp", "port": 80, "targetPort": "udp", "protocol": "UDP"}]
+    svc = lb_service(k8s, "fw", ports=ports, loadBalancerSourceRanges=[f"{client}/32"])
+    lb_ip = svc["status"]["loadBalancer"]["ingress"][0]["ip"]
+    node_port = {p["protocol"]: p["nodePort"] for p in svc["spec"]["ports"]}
+    k8s.wait_endpoints("fw", ips.values())
+
+    # The listed client reaches the LB IP; UDP too, on the NodePort.
+    eventually(lambda: ({p for p, _ in answers(lab.client_ns, lb_ip, 80, 15)} == {"local", "remote"}, ""),
+               f"{proxy}: a listed source reaches the LB IP")
+    eventually(lambda: ({p for p, _ in udp_answers(lab.client_ns, lab.node(1).ip, node_port["UDP"], 15)}
+                        == {"local", "remote"}, ""), f"{proxy}: UDP NodePort from outside")
+    # The node's own processes reach the NodePort.
+    def from_node(addr, port, want):
+        def check():
+            r = lab.run_in("node/1", [sys.executable, "-c", NODE_CLIENT, addr, str(port), "15"], timeout=60)
+            return set(r.stdout.split()) == want, r.stdout + r.stderr
+        return check
+    eventually(from_node(lab.node(1).ip, node_port["TCP"], {"local", "remote"}), f"{proxy}: NodePort from node 1")
+    # A source outside the ranges is dropped at the LB IP but not at the NodePort.
+    kube._core(k8s.api).patch_namespaced_service("fw", k8s.name, {"spec": {"loadBalancerSourceRanges": ["192.0.2.0/24"]}})
+    eventually(lambda: (set(answers(lab.client_ns, lb_ip, 80, 2)) == {("error", "TimeoutError")}, ""),
+               f"{proxy}: an unlisted source is dropped at the LB IP")
+    eventually(lambda: ({p for p, _ in answers(lab.client_ns, lab.node(1).ip, node_port["TCP"], 15)}
+                        == {"local", "remote"}, ""), f"{proxy}: NodePorts are not filtered by source ranges")
+
+    # Topology: trafficDistribution PreferClose; the EndpointSlice controller hints each
+    # endpoint for its node's zone (zone-1, zone-2); from node 2 only "remote" is used.
+    close = k8s.service("close", selector={"app": "web"}, ports=TCP_PORT, trafficDistribution="PreferClose")
+
+    def hinted():
+        slices = kube._json(kube._discovery(k8s.api).list_namespaced_endpoint_slice(
+            k8s.name, label_selector="kubernetes.io/service-name=close", _preload_content=False))["items"]
+        eps = [e for s in slices for e in s.get("endpoints") or []]
+        return len(eps) == 2 and all((e.get("hints") or {}).get("forZones") for e in eps)
+    kube.wait_for(hinted, 30, "zone hints on the EndpointSlice of close")
+    eventually(lambda: ({p for p, _ in answers(cns, close["spec"]["clusterIP"], 80, 15)} == {"remote"}, ""),
+               f"{proxy}: PreferClose from node 2 stays in zone-2")
