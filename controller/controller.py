@@ -19,12 +19,14 @@ from kxlb.loader.maps import Maps
 from kxlb.loader.services import DatapathConfig
 
 from .decode import DecodeError, decode_service, decode_slice
+from .health import ProxyHealth
 from .healthcheck import HealthCheckServers
 from .informer import DELETED, Informer, WatchTiming
 from .metrics import Metrics
 from .model import Desired, EndpointSlice, NodeContext, Service, service_entries
 from .node import decode_node, nodeport_addresses
 from .programmer import ApplyResult, Programmer
+from .runner import BoundedFrequencyRunner
 
 log = logging.getLogger("kxlb.controller")
 
@@ -46,6 +48,7 @@ class ControllerConfig:
     nodeport_addresses: tuple[str, ...] = ()  # CIDRs; empty: kube-proxy's "primary" (the InternalIPs)
     netns: str | None = None         # where the node's interfaces are (for --nodeport-addresses CIDRs)
     healthcheck_servers: bool = True  # serve healthCheckNodePorts
+    retry_initial: float = 1.0       # first retry after a failed sync (then doubling)
 
 
 def tune_gc() -> None:
@@ -82,6 +85,15 @@ class Controller:
         self._service_cidrs: dict[str, tuple[str, ...]] = {}   # ServiceCIDR name -> its IPv4 CIDRs
         self._dp_config: DatapathConfig | None = None  # what the config map holds
         self._node_dirty = False
+        self._force_full = True          # the first sync, and the one after a failure
+        self._next_full = 0.0
+        self._started = time.time()      # network-programming latency: only changes after this
+        self.health = ProxyHealth(2 * config.reconcile_period)
+        self.runner = BoundedFrequencyRunner("sync", self._run_once, config.min_sync_period,
+                                             max(config.reconcile_period, config.min_sync_period),
+                                             retry_initial=config.retry_initial,
+                                             retry_max=max(config.reconcile_period, config.retry_initial),
+                                             on_error=self._sync_failed)
         self.healthchecks = HealthCheckServers(self._proxy_healthy, config.netns) if config.healthcheck_servers else None
         self.syncs = 0
         self.informers = self._informers(api_client) if api_client is not None else []
@@ -118,7 +130,7 @@ class Controller:
                     self._skip(exc, obj)
                     return  # the last good version (if any) stays programmed
             self._dirty.add(key)
-        self._wake.set()
+        self._queued()
 
     def on_slice(self, typ: str, key: str, obj: dict) -> None:
         self.metrics.endpoint_changes.inc()
@@ -142,9 +154,17 @@ class Controller:
                 trig = _trigger_time(obj)
                 if trig is not None:
                     self._triggers[s.service_id] = min(trig, self._triggers.get(s.service_id, trig))
-        self._wake.set()
+        self._queued()
+
+    def _queued(self) -> None:
+        """A change waits for the sync loop (kube-proxy's QueuedUpdate)."""
+        self.health.queued_update()
+        self.metrics.last_queued.set(time.time())
+        self.metrics.service_changes_pending.set(len(self._dirty))
+        self.runner.run()
 
     def _on_node(self, typ: str, key: str, obj: dict) -> None:
+        self.health.set_node(None if typ == DELETED else obj)  # /healthz: a node going away drains
         if typ == DELETED:
             return  # keep serving with what we knew (kube-proxy does too)
         try:
@@ -159,7 +179,7 @@ class Controller:
             self._node_ips, self._node_zone = node.ips, node.zone
             self._node_ip = node.ips[0] if node.ips else None
             self._node_dirty = True  # NodePort addresses and topology: every service again
-        self._wake.set()
+        self._queued()
 
     def on_service_cidr(self, typ: str, key: str, obj: dict) -> None:
         cidrs = () if typ == DELETED else tuple(c for c in (obj.get("spec") or {}).get("cidrs") or () if ":" not in c)
@@ -168,12 +188,12 @@ class Controller:
                 self._service_cidrs[key] = cidrs
             else:
                 self._service_cidrs.pop(key, None)
-        self._wake.set()
+        self._queued()
 
     def _proxy_healthy(self) -> bool:
-        """serviceProxyHealthy of the health check servers: the first sync is done and
-        the sync loop is alive."""
-        return self.metrics.ready.is_set() and getattr(self, "_thread", None) is not None and self._thread.is_alive()
+        """serviceProxyHealthy of the health check servers: kube-proxy's proxy health (no
+        change waiting longer than the health timeout), once the first sync is done."""
+        return self.metrics.ready.is_set() and self.health.healthy
 
     def node_context(self) -> NodeContext:
         """This node as the service model needs it (NodePort addresses resolved)."""
@@ -204,7 +224,7 @@ class Controller:
 
     def stop(self) -> None:
         self._stop.set()
-        self._wake.set()
+        self.runner.stop()
         for inf in self.informers:
             inf.stop()
         if getattr(self, "_thread", None):
@@ -213,33 +233,38 @@ class Controller:
             self.healthchecks.close()
 
     def _loop(self) -> None:
+        """Nothing is programmed until Services, EndpointSlices and the Node have synced
+        once; then the runner's first run is a full sync against what the pinned maps
+        already hold (adoption)."""
         while not self._stop.is_set():
             if all(inf.synced.is_set() for inf in self.informers[:3]):
                 break
             self._stop.wait(0.05)
-        if self._stop.is_set():
-            return
-        # Nothing is programmed until Services, EndpointSlices and the Node have synced once;
-        # then one full sync against what the pinned maps already hold (adoption).
-        self.sync(full=True)
-        gc.freeze()  # the caches just built are long-lived: keep the collector off them
-        self.metrics.ready.set()
-        last = time.monotonic()
-        next_reconcile = last + self.config.reconcile_period
-        while not self._stop.is_set():
-            self._wake.wait(max(0.0, next_reconcile - time.monotonic()))
-            if self._stop.is_set():
-                return
-            if self._wake.is_set():
-                wait = last + self.config.min_sync_period - time.monotonic()
-                if wait > 0:
-                    self._stop.wait(wait)  # coalesce what arrives meanwhile
-                self._wake.clear()
-                self.sync(full=False)
-                last = time.monotonic()
-            if time.monotonic() >= next_reconcile:
-                self.reconcile()
-                next_reconcile = time.monotonic() + self.config.reconcile_period
+        if not self._stop.is_set():
+            self.runner.loop()
+
+    def _run_once(self) -> None:
+        """One run of the sync runner: incremental, or full with drift repair when the
+        sync period has passed (or the last run failed)."""
+        if self._force_full or time.monotonic() >= self._next_full:
+            self.reconcile()
+            self._next_full = time.monotonic() + self.config.reconcile_period
+            if self._force_full and not self.metrics.ready.is_set():
+                gc.freeze()  # the caches just built are long-lived: keep the collector off them
+                self.metrics.ready.set()
+            self._force_full = False
+        else:
+            self.sync(full=False)
+        self.health.updated()
+        self.metrics.service_changes_pending.set(len(self._dirty))
+
+    def _sync_failed(self, exc: BaseException) -> None:
+        """A run raised: count it, forget what the table believes the maps hold (a write
+        may have stopped half way), and make the retry a full sync (the dirty set of the
+        failed run is gone)."""
+        self.metrics.sync_failures.inc()
+        self.programmer.table.forget()
+        self._force_full = True
 
     def sync(self, full: bool) -> ApplyResult:
         """Apply the changed services (all of them if ``full``). The collector is off
@@ -294,7 +319,8 @@ class Controller:
         self.metrics.last_sync.set(time.time())
         now = time.time()
         for t in triggers:
-            self.metrics.network_programming.observe(max(0.0, now - t))
+            if t >= self._started:  # kube-proxy's start-time filter: no stale samples after a restart
+                self.metrics.network_programming.observe(max(0.0, now - t))
         cur = self.programmer.current
         self.metrics.services_programmed.set(len(cur))
         self.metrics.endpoints_programmed.set(sum(len(s.spec.cluster) + len(s.spec.local) for s in cur.values()))
@@ -302,6 +328,8 @@ class Controller:
         if res.changed:
             log.info("%s sync: %d added, %d updated, %d deleted in %.1f ms", "full" if full else "partial",
                      res.added, res.updated, res.deleted, elapsed * 1000)
+        if res.transient:
+            raise SyncIncomplete(f"{len(res.failed)} service ports not written: {res.failed[0]}")
         return res
 
     def _publish_service_state(self, node: NodeContext) -> None:
@@ -346,6 +374,10 @@ class Controller:
         self.metrics.map_entries.labels("services").set(len(self.programmer.current))
         self.metrics.map_entries.labels("backends").set(len(self.maps.backends.items()))
         self.metrics.map_entries.labels("conntrack").set(len(self.maps.conntrack.items()))
+
+
+class SyncIncomplete(Exception):
+    """The kernel refused some map writes: the runner retries (a full sync) with backoff."""
 
 
 def _trigger_time(obj: dict) -> float | None:

@@ -12,6 +12,9 @@ import threading
 from kxlb.loader.errors import KxlbError
 from kxlb.loader.maps import Maps
 
+from kxlb.loader.netns import netns
+
+from .health import serve_health
 from .metrics import Metrics, serve
 from .node import parse_nodeport_cidrs
 
@@ -104,16 +107,22 @@ def run(a) -> None:
     maps = Maps.open(a.pin_dir)
     client = api_client(a.kubeconfig)
     metrics = Metrics()
-    host, _, port = a.metrics_bind_address.rpartition(":")
-    server = serve(metrics, host or "127.0.0.1", int(port))
     ctl = Controller(client, maps, ControllerConfig(node_name=a.node_name, min_sync_period=a.min_sync_period,
                                                     reconcile_period=a.reconcile_period,
-                                                    cluster_cidr=a.cluster_cidr,
+                                                    cluster_cidr=ipv4_cidr_of(a.cluster_cidr, "--cluster-cidr"),
                                                     masquerade_address=a.masquerade_address,
                                                     masquerade_all=a.masquerade_all,
                                                     nodeport_addresses=parse_nodeport_cidrs(a.nodeport_addresses),
                                                     netns=a.netns),
-                     metrics, EventRecorder(client, a.node_name)).start()
+                     metrics, EventRecorder(client, a.node_name))
+    mhost, mport = bind_address(a.metrics_bind_address, "--metrics-bind-address")
+    server = serve(metrics, mhost, mport, health=ctl.health)
+    hhost, hport = bind_address(a.healthz_bind_address, "--healthz-bind-address")
+    with netns(a.netns):  # the node's namespace: where load balancers probe the node
+        hserver = serve_health(ctl.health, hhost, hport,
+                               lambda path, code: (metrics.healthz if path == "healthz" else metrics.livez)
+                               .labels(str(code)).inc())
+    ctl.start()
     log.info("controller for node %s started; maps in %s; metrics on %s", a.node_name, a.pin_dir,
              a.metrics_bind_address)
     done = threading.Event()
@@ -125,6 +134,7 @@ def run(a) -> None:
     if attacher:
         attacher.stop()
     server.shutdown()
+    hserver.shutdown()
 
 
 PREPARE = """
@@ -154,6 +164,34 @@ def prepare_in_child(pin_dir: str, cgroup: str | None) -> None:
         raise KxlbError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "compiling the datapath failed")
 
 
+def bind_address(text: str, flag: str) -> tuple[str, int]:
+    """HOST:PORT (HOST may be empty: all addresses) -> (host, port), or a clear error."""
+    host, colon, port = text.rpartition(":")
+    if not colon or not port.isdigit() or not 0 < int(port) < 65536:
+        raise KxlbError(f"{flag} {text!r}: expected HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def ipv4_cidr_of(text: str | None, flag: str) -> str | None:
+    """A CIDR list as kube-proxy takes it ("v4" or "v4,v6"): the IPv4 one (the IPv6 one is
+    the IPv6 datapath's business); a clear error for anything else."""
+    import ipaddress
+
+    if not text:
+        return None
+    v4 = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        try:
+            net = ipaddress.ip_network(part, strict=False)
+        except ValueError:
+            raise KxlbError(f"{flag}: {part!r} is not a CIDR") from None
+        if net.version == 4:
+            v4.append(str(net))
+    if len(v4) > 1:
+        raise KxlbError(f"{flag} {text!r}: more than one IPv4 CIDR")
+    return v4[0] if v4 else None
+
+
 def register(sub) -> None:
     p = sub.add_parser("controller", help="watch Kubernetes and keep this node's datapath in sync",
                        description="Watch Services, EndpointSlices and this Node; keep the pinned maps exactly in "
@@ -166,7 +204,10 @@ def register(sub) -> None:
     p.add_argument("--reconcile-period", type=float, default=30.0,
                    help="seconds between full resyncs with drift repair of the maps (default %(default)s)")
     p.add_argument("--metrics-bind-address", default="127.0.0.1:10249",
-                   help="HOST:PORT for /metrics, /healthz, /livez, /readyz (default %(default)s)")
+                   help="HOST:PORT for /metrics, /proxyMode, /healthz, /livez, /readyz (default %(default)s)")
+    p.add_argument("--healthz-bind-address", default="0.0.0.0:10256",
+                   help="HOST:PORT, in the node's network namespace (--netns), for kube-proxy's /healthz and "
+                        "/livez that load balancers probe (default %(default)s)")
     p.add_argument("--netns", help="network namespace of the node's interfaces (name or /proc/PID/ns/net)")
     p.add_argument("--iface", action="append", metavar="GLOB",
                    help="attach the datapath to interfaces matching GLOB, now and as they appear (repeatable); "

@@ -2,6 +2,7 @@
 same, so dashboards translate) and the health endpoints, on one HTTP listener."""
 from __future__ import annotations
 
+import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -9,6 +10,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 SYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+# kube-proxy's network-programming buckets (pkg/proxy/metrics): 0.25 s .. 5 min, plus
+# finer ones below its first, since a BPF map write takes milliseconds.
+PROGRAMMING_BUCKETS = tuple(sorted({0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5} | set(range(1, 60)) |
+                                   set(range(60, 120, 5)) | set(range(120, 301, 30))))
 
 
 class Metrics:
@@ -25,7 +30,17 @@ class Metrics:
         self.network_programming = Histogram(
             "kxlb_network_programming_duration_seconds",
             "From an endpoints change (EndpointSlice last-change-trigger-time) to the maps programmed",
-            registry=r, buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60))
+            registry=r, buckets=PROGRAMMING_BUCKETS)
+        self.last_queued = Gauge("kxlb_sync_proxy_rules_last_queued_timestamp_seconds",
+                                 "Unix time of the last change queued for a sync", registry=r)
+        self.service_changes_pending = Gauge("kxlb_sync_proxy_rules_service_changes_pending",
+                                             "Services changed and not yet synced", registry=r)
+        self.endpoint_changes_pending = Gauge("kxlb_sync_proxy_rules_endpoint_changes_pending",
+                                              "EndpointSlice changes not yet synced", registry=r)
+        self.sync_failures = Counter("kxlb_sync_proxy_rules_failures_total",
+                                     "Syncs that raised (logged with their traceback, then retried)", registry=r)
+        self.healthz = Counter("kxlb_proxy_healthz_total", "/healthz answers by HTTP code", ["code"], registry=r)
+        self.livez = Counter("kxlb_proxy_livez_total", "/livez answers by HTTP code", ["code"], registry=r)
         self.service_changes = Counter("kxlb_sync_proxy_rules_service_changes_total",
                                        "Service events seen", registry=r)
         self.endpoint_changes = Counter("kxlb_sync_proxy_rules_endpoint_changes_total",
@@ -54,14 +69,22 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-def serve(metrics: Metrics, host: str, port: int) -> ThreadingHTTPServer:
-    """/metrics, /healthz and /livez (the process answers), /readyz (first sync done)."""
+def serve(metrics: Metrics, host: str, port: int, health=None, proxy_mode: str = "kxlb") -> ThreadingHTTPServer:
+    """/metrics; /proxyMode (as kube-proxy's metrics port: tools and e2e tests ask it);
+    /healthz and /livez (with ``health``, a controller.health.ProxyHealth: the same
+    answers as the health port; without, "the process answers"); /readyz (first sync
+    done)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             path = self.path.split("?")[0]
             if path == "/metrics":
                 body, ctype, code = metrics.render(), CONTENT_TYPE_LATEST, 200
+            elif path == "/proxyMode":
+                body, ctype, code = proxy_mode.encode(), "text/plain", 200
+            elif path in ("/healthz", "/livez") and health is not None:
+                code, doc = health.answer(path)
+                body, ctype = json.dumps(doc).encode(), "application/json"
             elif path in ("/healthz", "/livez"):
                 body, ctype, code = b"ok\n", "text/plain", 200
             elif path == "/readyz":

@@ -12,7 +12,7 @@ import logging
 import socket
 from dataclasses import dataclass, field
 
-from kxlb.loader.errors import KxlbError
+from kxlb.loader.errors import KxlbError, MapWriteError
 from kxlb.loader.layout import Backend, ServiceKey
 from kxlb.loader.maps import Maps
 from kxlb.loader.services import ServiceState, ServiceTable
@@ -28,6 +28,7 @@ class ApplyResult:
     updated: int = 0
     deleted: int = 0
     failed: list[str] = field(default_factory=list)
+    transient: bool = False   # some failure was a refused map write: worth a retry soon
     udp_removed: dict[ServiceKey, set[Backend]] = field(default_factory=dict)  # frontend -> backends gone
 
     @property
@@ -70,6 +71,7 @@ class Programmer:
                 res.note_udp(old, None)
             except KxlbError as exc:
                 res.failed.append(str(exc))
+                res.transient |= isinstance(exc, MapWriteError)
         retry: list[LbService] = []
         for key in keys:
             cur, want = current.get(key), desired.get(key)
@@ -97,6 +99,7 @@ class Programmer:
                     res.added += 1
             except KxlbError as exc:
                 res.failed.append(f"{spec.label}: {exc}")
+                res.transient |= isinstance(exc, MapWriteError)
         return res
 
     def reconcile(self) -> list[ServiceKey]:

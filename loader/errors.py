@@ -3,3 +3,8 @@
 
 class KxlbError(Exception):
     """An error whose message is complete and meant for the user as is."""
+
+
+class MapWriteError(KxlbError):
+    """The kernel refused a map write (ENOMEM, a racing writer, a map replaced under us):
+    worth retrying, unlike an input the maps cannot hold (which raises KxlbError)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable
 
 from . import bpfsys
-from .errors import KxlbError
+from .errors import KxlbError, MapWriteError
 from .layout import (C, DP_COUNTERS, Backend, BackendKey, LbConfig, ServiceKey, SrcRangeKey, SvcCounters, SvcKey, SvcValue,
                      ip_to_raw, parse_ipv4, raw_to_ip, raw_to_port)
 from .maps import Maps
@@ -211,7 +211,7 @@ class ServiceTable:
             self.maps.backends.put_many_raw(b"".join(keys), b"".join(vals), n)
         except OSError as exc:
             self._delete_slots(spec, svc_id, gen, written=False)
-            raise KxlbError(f"service {spec.label}: writing backends failed: {exc}") from None
+            raise MapWriteError(f"service {spec.label}: writing backends failed: {exc}") from None
         self._slots_used += n
 
     def _delete_slots(self, spec: LbService, svc_id: int, gen: int, written: bool = True) -> None:
@@ -289,7 +289,7 @@ class ServiceTable:
                 self._delete_slots(spec, svc_id, gen)
             self._forget_state(cur)
             self._states = None                                # unknown now: re-read next time
-            raise KxlbError(f"service {spec.label}: switching to the new frontends/backends failed: {exc}") from None
+            raise MapWriteError(f"service {spec.label}: switching to the new frontends/backends failed: {exc}") from None
         self._entries += added_entries
         if sets_changed:
             self._delete_slots(old, svc_id, cur.gen)           # 3. the old generation goes
@@ -316,7 +316,7 @@ class ServiceTable:
                 self.maps.services.delete(fe.key.to_c())
             self._delete_slots(spec, svc_id, 0)
             self._delete_ranges(svc_id, spec.source_ranges)
-            raise KxlbError(f"service {spec.label}: writing the service entries failed: {exc}") from None
+            raise MapWriteError(f"service {spec.label}: writing the service entries failed: {exc}") from None
         st = ServiceState(spec.key, svc_id, 0, spec)
         self._ids.add(svc_id)
         self._entries += len(spec.all_frontends)
@@ -376,7 +376,7 @@ class ServiceTable:
                     self.maps.services.delete(fe.key.to_c())
                 self._delete_slots(st.spec, st.svc_id, 0, written=False)
                 self._delete_ranges(st.svc_id, st.spec.source_ranges)
-            raise KxlbError(f"adding {len(states)} services failed: {exc}") from None
+            raise MapWriteError(f"adding {len(states)} services failed: {exc}") from None
         self._slots_used += len(slot_keys)
         self._entries += len(svc_keys)
         for st in states:

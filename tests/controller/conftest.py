@@ -24,6 +24,7 @@ from kxlb.loader.services import ServiceTable
 WORKDIR = Path("/tmp/kxlb-test-controller-cp")
 PORTS = Ports().shifted(2000)
 METRICS_PORT = 18249
+NODE_IP = "10.201.0.1"  # the node namespace's address on the client side (lab/netlab.py)
 BACKEND_PORT = 8080
 
 
@@ -32,8 +33,23 @@ def cp():
     plane = ControlPlane(WORKDIR, cpmod.ensure_binaries(timeout=3600), ports=PORTS, iface="kxlb-apictl0",
                          advertise_address="10.254.0.4", controllers="*,-nodeipam,-nodelifecycle")
     plane.up()
+    _register_node(plane)
     yield plane
     plane.down()  # logs stay in WORKDIR/logs; the next up() starts afresh
+
+
+def _register_node(plane: ControlPlane) -> None:
+    """The Node object of the controller's node, as a kubelet would register it: the
+    controller reads its InternalIP (masquerade address, NodePorts) and kube-proxy's
+    /healthz answers 503 while its Node does not exist."""
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(plane.admin_kubeconfig), client_configuration=cfg)
+    with client.ApiClient(cfg) as api:
+        client.CoreV1Api(api).create_node({"metadata": {"name": "lab-node",
+                                                        "labels": {"topology.kubernetes.io/zone": "zone-a"}},
+                                           "status": {"addresses": [{"type": "InternalIP", "address": NODE_IP}]}})
 
 
 @pytest.fixture(scope="session")
