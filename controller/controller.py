@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from kxlb.loader.errors import KxlbError
-from kxlb.loader.layout import C, CtKey, ip_to_raw, port_to_raw, raw_to_ip, raw_to_port
+from kxlb.loader.layout import C
 from kxlb.loader.maps import Maps
 from kxlb.loader.services import DatapathConfig
 
@@ -23,6 +23,7 @@ from .health import ProxyHealth
 from .healthcheck import HealthCheckServers
 from .informer import DELETED, Informer, WatchTiming
 from .metrics import Metrics
+from .conntrack import clean_stale_udp_flows, serving_by_frontend
 from .model import Desired, EndpointSlice, NodeContext, Service, service_entries
 from .node import decode_node, nodeport_addresses
 from .programmer import ApplyResult, Programmer
@@ -308,9 +309,7 @@ class Controller:
         for msg in res.failed:
             log.error("not programmed: %s", msg)
             self.metrics.objects_skipped.labels("MapWrite").inc()
-        if res.udp_removed:
-            flushed = flush_udp_flows(self.maps, res.udp_removed)
-            self.metrics.udp_flows_flushed.inc(flushed)
+        self._clean_udp_conntrack()
         if work:
             self._publish_service_state(node)
         elapsed = time.perf_counter() - t0
@@ -331,6 +330,19 @@ class Controller:
         if res.transient:
             raise SyncIncomplete(f"{len(res.failed)} service ports not written: {res.failed[0]}")
         return res
+
+    def _clean_udp_conntrack(self) -> None:
+        """kube-proxy's rescan after every sync (controller/conntrack.py)."""
+        t0 = time.perf_counter()
+        cur = self.programmer.current
+        ports = [(cur[k].spec, serving) for frag in self.fragments.values()
+                 for k, serving in frag.udp_serving.items() if k in cur]
+        n = clean_stale_udp_flows(self.maps, serving_by_frontend(ports))
+        if ports:
+            self.metrics.conntrack_reconcile.observe(time.perf_counter() - t0)
+        if n:
+            self.metrics.udp_flows_flushed.inc(n)
+            log.info("deleted %d conntrack entries of UDP flows to endpoints no longer serving", n)
 
     def _publish_service_state(self, node: NodeContext) -> None:
         """What is per Service rather than per map entry: health check servers and the
@@ -388,24 +400,3 @@ def _trigger_time(obj: dict) -> float | None:
         return dt.datetime.fromisoformat(ann.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
-
-
-def flush_udp_flows(maps: Maps, removed: dict) -> int:
-    """Delete conntrack entries of UDP flows to backends that left their service (as
-    kube-proxy does), so clients such as DNS resolvers do not keep sending into the
-    void. Returns the number of entries deleted."""
-    gone = {(ip_to_raw(k.vip), port_to_raw(k.port), ip_to_raw(b.addr), port_to_raw(b.port))
-            for k, backends in removed.items() for b in backends}
-    deleted = 0
-    for k, e in maps.conntrack.items():
-        if k.proto != 17 or k.dir != C["CT_DIR_FWD"]:
-            continue
-        if (k.daddr, k.dport, e.nat_addr, e.nat_port) not in gone:
-            continue
-        snat = e.flags & C["CT_F_SNAT"]
-        rev = CtKey(saddr=e.nat_addr, daddr=e.snat_addr if snat else k.saddr, sport=e.nat_port,
-                    dport=e.snat_port if snat else k.sport, proto=17, dir=C["CT_DIR_REV"])
-        deleted += maps.conntrack.delete(k) + maps.conntrack.delete(rev)
-        log.info("flushed UDP flow %s:%d -> %s:%d (backend %s:%d removed)", raw_to_ip(k.saddr), raw_to_port(k.sport),
-                 raw_to_ip(k.daddr), raw_to_port(k.dport), raw_to_ip(e.nat_addr), raw_to_port(e.nat_port))
-    return deleted

@@ -61,8 +61,12 @@ class Metrics:
                                       "Services found altered in the maps and rewritten", registry=r)
         self.objects_skipped = Counter("kxlb_objects_skipped_total", "Objects or ports skipped as invalid",
                                        ["kind"], registry=r)
-        self.udp_flows_flushed = Counter("kxlb_udp_flows_flushed_total",
-                                         "Conntrack entries of UDP flows to removed backends deleted", registry=r)
+        self.udp_flows_flushed = Counter("kxlb_conntrack_reconciler_deleted_entries_total",
+                                         "Conntrack entries of UDP flows to endpoints no longer serving, deleted",
+                                         ["ip_family"], registry=r).labels("IPv4")
+        self.conntrack_reconcile = Histogram("kxlb_conntrack_reconciler_sync_duration_seconds",
+                                             "Time of one UDP conntrack cleanup pass", ["ip_family"], registry=r,
+                                             buckets=SYNC_BUCKETS).labels("IPv4")
         self.ready = threading.Event()
 
     def render(self) -> bytes:

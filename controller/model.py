@@ -110,6 +110,9 @@ class Desired:
     # service ports whose Local policy has no local endpoint while others exist
     # (kube-proxy's sync_proxy_rules_no_local_endpoints_total{traffic_policy})
     no_local: dict[str, int] = field(default_factory=_no_local)
+    # UDP service ports -> their serving endpoints (all of them: kube-proxy's conntrack
+    # cleanup keeps flows to any serving endpoint, whatever the policies use)
+    udp_serving: dict[ServiceKey, frozenset[Backend]] = field(default_factory=dict)
 
 
 # --- addresses, parsed as Kubernetes does ------------------------------------------------
@@ -350,6 +353,8 @@ def service_entries(svc: Service, slices: list[EndpointSlice], out: Desired, nod
             has_endpoints=has_any, affinity_s=affinity,
             source_ranges=ranges, name=name)
         out.owners[key] = name
+        if proto == socket.IPPROTO_UDP:
+            out.udp_serving[key] = frozenset(b for b, ep in eps if ep.serving)
 
     # NeedsHealthCheck: LoadBalancer with eTP Local, served when the port was allocated.
     if (svc.type == "LoadBalancer" and external_policy_local and svc.health_check_node_port

@@ -9,17 +9,15 @@ altered behind our back.
 from __future__ import annotations
 
 import logging
-import socket
 from dataclasses import dataclass, field
 
 from kxlb.loader.errors import KxlbError, MapWriteError
-from kxlb.loader.layout import Backend, ServiceKey
+from kxlb.loader.layout import ServiceKey
 from kxlb.loader.maps import Maps
 from kxlb.loader.services import ServiceState, ServiceTable
 from kxlb.loader.svcspec import LbService
 
 log = logging.getLogger("kxlb.controller")
-UDP = socket.IPPROTO_UDP
 
 
 @dataclass
@@ -29,22 +27,10 @@ class ApplyResult:
     deleted: int = 0
     failed: list[str] = field(default_factory=list)
     transient: bool = False   # some failure was a refused map write: worth a retry soon
-    udp_removed: dict[ServiceKey, set[Backend]] = field(default_factory=dict)  # frontend -> backends gone
 
     @property
     def changed(self) -> int:
         return self.added + self.updated + self.deleted
-
-    def note_udp(self, old: LbService, new: LbService | None) -> None:
-        """UDP flows to backends that left (through any frontend) are to be flushed."""
-        if old.key.proto != UDP:
-            return
-        gone = set(old.cluster) | set(old.local)
-        if new is not None:
-            gone -= set(new.cluster) | set(new.local)
-        if gone:
-            for fe in old.all_frontends:
-                self.udp_removed.setdefault(fe.key, set()).update(gone)
 
 
 class Programmer:
@@ -64,11 +50,9 @@ class Programmer:
         keys = scope if scope is not None else set(current) | set(desired)
         # Deletions first: they free room (and frontends) for what comes next.
         for key in [k for k in keys if k in current and k not in desired]:
-            old = current[key].spec
             try:
                 self.table.delete(key)
                 res.deleted += 1
-                res.note_udp(old, None)
             except KxlbError as exc:
                 res.failed.append(str(exc))
                 res.transient |= isinstance(exc, MapWriteError)
@@ -80,7 +64,6 @@ class Programmer:
             try:
                 self.table.put(want)
                 res.updated += 1
-                res.note_udp(cur.spec, want)
             except KxlbError:
                 retry.append(want)  # a frontend may be freed by a later update of this sync
         new = [desired[k] for k in keys if k in desired and k not in current]

@@ -189,6 +189,7 @@ def put_slice(api, ns, service, endpoints, ports, labels=None, slice_name=None):
 
 
 READY = {"ready": True, "serving": True, "terminating": False}
+DRAINING = {"ready": False, "serving": True, "terminating": True}   # terminating, still serving
 
 
 def wait_maps(lab, predicate, timeout: float = 10.0, what: str = "maps"):

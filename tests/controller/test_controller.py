@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import (BACKEND_PORT, READY, backend_ips, http_get, make_service, put_slice, wait_maps)
+from conftest import (BACKEND_PORT, DRAINING, READY, backend_ips, http_get, make_service, put_slice, wait_maps)
 from kxlb.lab.client import tcp_request, udp_connect, udp_request
 
 
@@ -108,7 +108,31 @@ def test_udp_flows_to_a_removed_backend_are_flushed(api, ns, lab, controller):
                 break
             time.sleep(0.05)
     assert second != first
-    assert controller.metric("kxlb_udp_flows_flushed_total") >= 2
+    assert controller.metric("kxlb_conntrack_reconciler_deleted_entries_total", ip_family="IPv4") >= 2
+
+
+def test_udp_flows_to_draining_endpoints_and_deleted_services_are_kept(api, ns, lab, controller):
+    """kube-proxy's cleanup rules: a terminating endpoint that still serves keeps its UDP
+    flow (graceful drain), and so does a flow of a Service that is deleted."""
+    svc = make_service(api, ns, "drain", [("dns", 53, "UDP")], [(ip, READY) for ip in backend_ips(lab)])
+    ip = svc["spec"]["clusterIP"]
+    wait_maps(lab, lambda m: len(m.get(f"{ip}:53/udp", [])) == 3)
+    with udp_connect(lab.client, ip, 53) as s:
+        s.send(b"one")
+        first = s.recv(100).split()[0].decode()
+        eps = [(b, DRAINING if f"be{i}" == first else READY) for i, b in enumerate(backend_ips(lab))]
+        put_slice(api, ns, "drain", eps, [("dns", BACKEND_PORT, "UDP")])
+        wait_maps(lab, lambda m: len(m.get(f"{ip}:53/udp", [])) == 2)  # no new flows to it
+        time.sleep(1.5)  # a sync or two, each rescanning conntrack
+        for _ in range(5):
+            s.send(b"again")
+            assert s.recv(100).split()[0].decode() == first
+        from kubernetes import client
+        client.CoreV1Api(api).delete_namespaced_service("drain", ns)
+        wait_maps(lab, lambda m: f"{ip}:53/udp" not in m)
+        time.sleep(1.5)
+        s.send(b"after delete")
+        assert s.recv(100).split()[0].decode() == first
 
 
 def test_host_network_processes_reach_services_through_socket_hooks(api, ns, lab, controller):
