@@ -50,6 +50,7 @@ class ControllerConfig:
     netns: str | None = None         # where the node's interfaces are (for --nodeport-addresses CIDRs)
     healthcheck_servers: bool = True  # serve healthCheckNodePorts
     retry_initial: float = 1.0       # first retry after a failed sync (then doubling)
+    detect_local_node_cidr: bool = False  # pods = the Node's podCIDR, not cluster_cidr (NodeCIDR mode)
 
 
 def tune_gc() -> None:
@@ -82,6 +83,7 @@ class Controller:
         self._node_ip: str | None = None
         self._node_ips: tuple[str, ...] = ()
         self._node_zone: str | None = None
+        self._node_pod_cidr: str | None = None
         self._node_ctx: NodeContext | None = None
         self._service_cidrs: dict[str, tuple[str, ...]] = {}   # ServiceCIDR name -> its IPv4 CIDRs
         self._dp_config: DatapathConfig | None = None  # what the config map holds
@@ -174,7 +176,10 @@ class Controller:
             self._skip(exc, obj)
             return
         with self._lock:
+            cidr_changed, self._node_pod_cidr = node.pod_cidr != self._node_pod_cidr, node.pod_cidr
             if (node.ips, node.zone) == (self._node_ips, self._node_zone):
+                if cidr_changed and self.config.detect_local_node_cidr:
+                    self._queued()  # the datapath config follows in the next sync
                 return
             log.info("node %s: InternalIPs %s, zone %s", node.name, ", ".join(node.ips) or "(none)", node.zone)
             self._node_ips, self._node_zone = node.ips, node.zone
@@ -361,8 +366,9 @@ class Controller:
     def _apply_config(self) -> None:
         with self._lock:
             cidrs = tuple(sorted({c for cs in self._service_cidrs.values() for c in cs}))
+        local = self._node_pod_cidr if self.config.detect_local_node_cidr else self.config.cluster_cidr
         want = DatapathConfig(snat_addr=self.config.masquerade_address or self._node_ip,
-                              cluster_cidr=self.config.cluster_cidr, service_cidrs=cidrs[:C["MAX_SVC_CIDRS"]],
+                              cluster_cidr=local, service_cidrs=cidrs[:C["MAX_SVC_CIDRS"]],
                               masquerade_all=self.config.masquerade_all)
         if want == self._dp_config:
             return

@@ -83,11 +83,28 @@ def api_client(kubeconfig: str | None):
     return k8s.ApiClient(cfg)
 
 
+DEFAULTS = {"min_sync_period": 0.0, "reconcile_period": 30.0, "metrics_bind_address": "127.0.0.1:10249",
+            "healthz_bind_address": "0.0.0.0:10256", "masquerade_all": False, "nodeport_addresses": [],
+            "node_name": None, "kubeconfig": None, "cluster_cidr": None, "detect_local": None}
+
+
+def resolve(a) -> None:
+    """Fill every setting of ``a`` from its flag, else --config, else DEFAULTS."""
+    from .kpconfig import FileSettings, load, merged
+
+    fs = load(a.config) if a.config else FileSettings()
+    for name, default in DEFAULTS.items():
+        setattr(a, name, merged(getattr(a, name), getattr(fs, name), default))
+    if not a.node_name:
+        raise KxlbError("--node-name is required (or hostnameOverride in --config)")
+
+
 def run(a) -> None:
     from .attacher import InterfaceAttacher
     from .controller import Controller, ControllerConfig
 
     setup_logging(a.log_level, a.log_format)
+    resolve(a)
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1` dumps every thread's stack
     attacher = None
     if a.iface or a.cgroup:
@@ -106,8 +123,11 @@ def run(a) -> None:
             attacher = InterfaceAttacher(dp, a.netns, a.iface, a.xdp_mode if a.xdp else None, a.pin_dir).start()
     maps = Maps.open(a.pin_dir)
     client = api_client(a.kubeconfig)
+    if a.detect_local == "NodeCIDR":
+        log.info("detect-local: the Node's podCIDR (detectLocalMode NodeCIDR)")
     metrics = Metrics()
     ctl = Controller(client, maps, ControllerConfig(node_name=a.node_name, min_sync_period=a.min_sync_period,
+                                                    detect_local_node_cidr=a.detect_local == "NodeCIDR",
                                                     reconcile_period=a.reconcile_period,
                                                     cluster_cidr=ipv4_cidr_of(a.cluster_cidr, "--cluster-cidr"),
                                                     masquerade_address=a.masquerade_address,
@@ -196,18 +216,24 @@ def register(sub) -> None:
     p = sub.add_parser("controller", help="watch Kubernetes and keep this node's datapath in sync",
                        description="Watch Services, EndpointSlices and this Node; keep the pinned maps exactly in "
                                    "sync. The datapath keeps working while this process is down or restarting.")
-    p.add_argument("--node-name", required=True, help="this node's name (as in the Node object)")
+    p.add_argument("--config", metavar="FILE",
+                   help="a KubeProxyConfiguration file (kube-proxy's ConfigMap from kubeadm or kind): its fields "
+                        "kxlb implements are used, flags given here override them")
+    p.add_argument("--node-name", help="this node's name (as in the Node object; or hostnameOverride in --config)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config when run in a pod, "
                                         "else ~/.kube/config)")
-    p.add_argument("--min-sync-period", type=float, default=0.0,
-                   help="seconds between two syncs at least; changes meanwhile are coalesced (default %(default)s)")
-    p.add_argument("--reconcile-period", type=float, default=30.0,
-                   help="seconds between full resyncs with drift repair of the maps (default %(default)s)")
-    p.add_argument("--metrics-bind-address", default="127.0.0.1:10249",
-                   help="HOST:PORT for /metrics, /proxyMode, /healthz, /livez, /readyz (default %(default)s)")
-    p.add_argument("--healthz-bind-address", default="0.0.0.0:10256",
-                   help="HOST:PORT, in the node's network namespace (--netns), for kube-proxy's /healthz and "
-                        "/livez that load balancers probe (default %(default)s)")
+    p.add_argument("--min-sync-period", type=float,
+                   help=f"seconds between two syncs at least; changes meanwhile are coalesced (default "
+                        f"{DEFAULTS['min_sync_period']})")
+    p.add_argument("--reconcile-period", type=float,
+                   help=f"seconds between full resyncs with drift repair of the maps (kube-proxy's syncPeriod; "
+                        f"default {DEFAULTS['reconcile_period']})")
+    p.add_argument("--metrics-bind-address",
+                   help=f"HOST:PORT for /metrics, /proxyMode, /healthz, /livez, /readyz (default "
+                        f"{DEFAULTS['metrics_bind_address']})")
+    p.add_argument("--healthz-bind-address",
+                   help=f"HOST:PORT, in the node's network namespace (--netns), for kube-proxy's /healthz and "
+                        f"/livez that load balancers probe (default {DEFAULTS['healthz_bind_address']})")
     p.add_argument("--netns", help="network namespace of the node's interfaces (name or /proc/PID/ns/net)")
     p.add_argument("--iface", action="append", metavar="GLOB",
                    help="attach the datapath to interfaces matching GLOB, now and as they appear (repeatable); "
@@ -220,9 +246,12 @@ def register(sub) -> None:
                                           "(as kube-proxy's --cluster-cidr); hairpin traffic always is")
     p.add_argument("--masquerade-address", help="source address for masqueraded flows (default: the Node's "
                                                 "InternalIP)")
-    p.add_argument("--masquerade-all", action="store_true",
+    p.add_argument("--masquerade-all", action="store_true", default=None,
                    help="masquerade every new flow to a cluster IP (kube-proxy's --masquerade-all)")
-    p.add_argument("--nodeport-addresses", action="append", default=[], metavar="primary|CIDR[,CIDR...]",
+    p.add_argument("--detect-local-mode", dest="detect_local", choices=("ClusterCIDR", "NodeCIDR"),
+                   help="how pod traffic is told from outside traffic: --cluster-cidr (default) or the "
+                        "Node's spec.podCIDR (kube-proxy's flag)")
+    p.add_argument("--nodeport-addresses", action="append", metavar="primary|CIDR[,CIDR...]",
                    help="where NodePorts are served: 'primary' (default: the Node's InternalIPs) or the "
                         "node's interface addresses inside these CIDRs (kube-proxy's flag); repeatable")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))

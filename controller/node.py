@@ -18,6 +18,7 @@ class NodeInfo:
     name: str
     ips: tuple[str, ...]       # IPv4 InternalIPs, in the Node's order
     zone: str | None
+    pod_cidr: str | None = None  # the IPv4 entry of spec.podCIDRs (detect-local NodeCIDR)
 
 
 def decode_node(obj: dict) -> NodeInfo:
@@ -32,7 +33,10 @@ def decode_node(obj: dict) -> NodeInfo:
             raise DecodeError("Node", name, f"status.addresses[{i}].address", f"{addr!r} is not an IP address")
         if ":" not in addr:  # an IPv6 InternalIP is the IPv6 proxy's business
             ips.append(addr)
-    return NodeInfo(name=name, ips=tuple(ips), zone=(md.get("labels") or {}).get(ZONE_LABEL))
+    spec = obj.get("spec") or {}
+    cidrs = spec.get("podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else [])
+    pod_cidr = next((c for c in cidrs if isinstance(c, str) and ":" not in c), None)
+    return NodeInfo(name=name, ips=tuple(ips), zone=(md.get("labels") or {}).get(ZONE_LABEL), pod_cidr=pod_cidr)
 
 
 def parse_nodeport_cidrs(values: list[str]) -> tuple[str, ...]:

@@ -176,3 +176,25 @@ def test_an_ipv6_first_node_is_served_and_a_node_going_away_drains_healthz(api, 
         core.patch_node("lab-node", {"spec": {"taints": None}})
         core.patch_node_status("lab-node", {"status": {"addresses": [{"type": "InternalIP", "address": NODE_IP}]}})
     wait(lambda: ctl.health.answer("/healthz")[0] == 200, 10, "/healthz 200 again")
+
+
+def test_detect_local_node_cidr_takes_the_nodes_pod_cidr(cp, api, lab, ns):
+    """detectLocalMode NodeCIDR: pods are the Node's spec.podCIDR (set by the kubelet or
+    the node IPAM controller; once set it cannot change)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    node = core.read_node("lab-node")
+    if not node.spec.pod_cidr:
+        core.patch_node("lab-node", {"spec": {"podCIDR": "10.244.7.0/24", "podCIDRs": ["10.244.7.0/24"]}})
+    want = core.read_node("lab-node").spec.pod_cidr
+    compile_datapath(lab.pin_dir)
+    maps = Maps.open(lab.pin_dir)
+    ctl = Controller(api, maps, ControllerConfig(node_name="lab-node", reconcile_period=1.0, cluster_cidr="10.0.0.0/8",
+                                                 detect_local_node_cidr=True, healthcheck_servers=False))
+    ctl.start()
+    try:
+        wait(lambda: ctl.programmer.table.read_config().cluster_cidr == want, 15, f"detect-local {want}")
+    finally:
+        ctl.stop()
+        maps.close()

@@ -1,0 +1,117 @@
+"""--config: a KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1), the
+ConfigMap kubeadm and kind create for kube-proxy, so kxlb can replace kube-proxy on a
+node without translating its settings by hand.
+
+Every field kxlb implements is taken; command-line flags override the file, as in
+kube-proxy. A field kxlb cannot honour with a non-default value is a clear error naming
+it; fields that only tune what kube-proxy's backends need (iptables/ipvs details, Linux
+conntrack sysctls kxlb's own conntrack does not use) are logged and ignored.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+from kxlb.loader.errors import KxlbError
+
+log = logging.getLogger("kxlb.config")
+
+API_VERSION = "kubeproxy.config.k8s.io/v1alpha1"
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
+
+
+def go_duration(text, field: str) -> float:
+    """A metav1.Duration ("30s", "1m0s", "500ms") in seconds."""
+    if text in (None, "", 0, "0"):
+        return 0.0
+    if not isinstance(text, str) or not text or "".join(m.group(0) for m in _DURATION.finditer(text)) != text:
+        raise KxlbError(f"--config: {field}: {text!r} is not a duration (like 30s, 1m0s, 500ms)")
+    return sum(float(n) * _UNIT[u] for n, u in _DURATION.findall(text))
+
+
+@dataclass
+class FileSettings:
+    """What the file sets (None: not set, the flag or kxlb's default applies)."""
+
+    node_name: str | None = None
+    kubeconfig: str | None = None
+    metrics_bind_address: str | None = None
+    healthz_bind_address: str | None = None
+    cluster_cidr: str | None = None
+    nodeport_addresses: list[str] | None = None
+    min_sync_period: float | None = None
+    reconcile_period: float | None = None
+    masquerade_all: bool | None = None
+    detect_local: str | None = None     # ClusterCIDR or NodeCIDR
+
+
+def _bind(value, port: int) -> str | None:
+    """kube-proxy takes "IP:PORT", or "IP" (its default port), or "" (not set)."""
+    if not value:
+        return None
+    host, colon, p = str(value).rpartition(":")
+    return str(value) if colon and p.isdigit() and not host.endswith(":") else f"{value}:{port}"
+
+
+def load(path: str) -> FileSettings:
+    import yaml
+
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+    except OSError as exc:
+        raise KxlbError(f"--config {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise KxlbError(f"--config {path}: not YAML: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("kind") != "KubeProxyConfiguration":
+        raise KxlbError(f"--config {path}: not a KubeProxyConfiguration (kind: {doc.get('kind') if isinstance(doc, dict) else None!r})")
+    if doc.get("apiVersion") != API_VERSION:
+        raise KxlbError(f"--config {path}: apiVersion {doc.get('apiVersion')!r}, expected {API_VERSION}")
+    return parse(doc)
+
+
+def parse(doc: dict) -> FileSettings:
+    s = FileSettings()
+    s.node_name = doc.get("hostnameOverride") or None
+    s.kubeconfig = (doc.get("clientConnection") or {}).get("kubeconfig") or None
+    s.metrics_bind_address = _bind(doc.get("metricsBindAddress"), 10249)
+    s.healthz_bind_address = _bind(doc.get("healthzBindAddress"), 10256)
+    s.cluster_cidr = doc.get("clusterCIDR") or None
+    s.nodeport_addresses = doc.get("nodePortAddresses") or None
+    mode = doc.get("mode") or ""
+    if mode not in ("", "iptables", "nftables", "ipvs"):
+        raise KxlbError(f"--config: mode {mode!r}: kxlb replaces kube-proxy's Linux backends only")
+    if mode:
+        log.info("--config: mode %s: kxlb's eBPF datapath serves instead", mode)
+    # The sync settings of the backend the file selects (nftables, else iptables: its default).
+    backend = doc.get("nftables" if mode == "nftables" else "iptables") or {}
+    if backend.get("syncPeriod"):
+        s.reconcile_period = go_duration(backend["syncPeriod"], f"{'nftables' if mode == 'nftables' else 'iptables'}.syncPeriod")
+    if backend.get("minSyncPeriod"):
+        s.min_sync_period = go_duration(backend["minSyncPeriod"], "minSyncPeriod")
+    if backend.get("masqueradeAll") or (doc.get("iptables") or {}).get("masqueradeAll"):
+        s.masquerade_all = True
+    dl = doc.get("detectLocalMode") or ""
+    if dl in ("InterfaceNamePrefix", "BridgeInterface"):
+        raise KxlbError(f"--config: detectLocalMode {dl} is not supported by kxlb (ClusterCIDR and NodeCIDR are)")
+    if dl not in ("", "ClusterCIDR", "NodeCIDR"):
+        raise KxlbError(f"--config: detectLocalMode {dl!r} is not a kube-proxy mode")
+    s.detect_local = dl or None
+    if doc.get("portRange"):
+        raise KxlbError("--config: portRange (the userspace proxy's) is not supported")
+    ct = doc.get("conntrack") or {}
+    tuned = [k for k, v in ct.items() if v not in (None, 0, "", "0s", False)]
+    if tuned:
+        log.warning("--config: conntrack.%s: Linux conntrack sysctls are left as they are (kxlb tracks its "
+                    "flows in its own map)", ", conntrack.".join(sorted(tuned)))
+    return s
+
+
+def merged(flag, file_value, default):
+    """kube-proxy's precedence: a flag given on the command line, then the file, then
+    the default."""
+    if flag is not None:
+        return flag
+    return file_value if file_value is not None else default

@@ -1,0 +1,135 @@
+"""--config: kube-proxy's KubeProxyConfiguration (as kubeadm and kind write it)."""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from kxlb.controller.kpconfig import go_duration, load
+from kxlb.controller.main import register, resolve
+from kxlb.loader.errors import KxlbError
+
+# `kubeadm config print init-defaults --component-configs KubeProxyConfiguration` (v1.3x),
+# with the values kind sets (mode, clusterCIDR, conntrack.maxPerCore) and a few more.
+KUBEADM = """\
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+bindAddress: 0.0.0.0
+bindAddressHardFail: false
+clientConnection:
+  acceptContentTypes: ""
+  burst: 0
+  contentType: ""
+  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+  qps: 0
+clusterCIDR: 10.244.0.0/16
+configSyncPeriod: 0s
+conntrack:
+  maxPerCore: 0
+  min: null
+  tcpBeLiberal: false
+  tcpCloseWaitTimeout: null
+  tcpEstablishedTimeout: null
+  udpStreamTimeout: 0s
+  udpTimeout: 0s
+detectLocal:
+  bridgeInterface: ""
+  interfaceNamePrefix: ""
+detectLocalMode: ""
+enableProfiling: false
+healthzBindAddress: ""
+hostnameOverride: node-a
+iptables:
+  localhostNodePorts: null
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 1s
+  syncPeriod: 0s
+ipvs:
+  excludeCIDRs: null
+  minSyncPeriod: 0s
+  scheduler: ""
+  strictARP: false
+  syncPeriod: 0s
+  tcpFinTimeout: 0s
+  tcpTimeout: 0s
+  udpTimeout: 0s
+kind: KubeProxyConfiguration
+logging:
+  flushFrequency: 0
+  options:
+    json:
+      infoBufferSize: "0"
+  verbosity: 0
+metricsBindAddress: 0.0.0.0:10249
+mode: nftables
+nftables:
+  masqueradeAll: true
+  masqueradeBit: null
+  minSyncPeriod: 500ms
+  syncPeriod: 1m0s
+nodePortAddresses:
+  - 192.168.0.0/16
+oomScoreAdj: null
+portRange: ""
+showHiddenMetricsForVersion: ""
+winkernel:
+  enableDSR: false
+  forwardHealthCheckVip: false
+  networkName: ""
+  rootHnsEndpointName: ""
+  sourceVip: ""
+"""
+
+
+def args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers()
+    register(sub)
+    return p.parse_args(["controller", *argv])
+
+
+def test_a_kubeadm_config_gives_every_setting_kxlb_implements(tmp_path):
+    f = tmp_path / "config.conf"
+    f.write_text(KUBEADM)
+    a = args("--config", str(f))
+    resolve(a)
+    assert (a.node_name, a.kubeconfig, a.cluster_cidr, a.metrics_bind_address, a.healthz_bind_address) == \
+        ("node-a", "/var/lib/kube-proxy/kubeconfig.conf", "10.244.0.0/16", "0.0.0.0:10249", "0.0.0.0:10256")
+    assert (a.reconcile_period, a.min_sync_period, a.masquerade_all, a.nodeport_addresses) == \
+        (60.0, 0.5, True, ["192.168.0.0/16"])
+
+
+def test_flags_override_the_file(tmp_path):
+    f = tmp_path / "config.conf"
+    f.write_text(KUBEADM)
+    a = args("--config", str(f), "--node-name", "node-b", "--reconcile-period", "5", "--cluster-cidr", "10.0.0.0/8",
+             "--healthz-bind-address", "127.0.0.1:20256")
+    resolve(a)
+    assert (a.node_name, a.reconcile_period, a.cluster_cidr, a.healthz_bind_address, a.min_sync_period) == \
+        ("node-b", 5.0, "10.0.0.0/8", "127.0.0.1:20256", 0.5)
+
+
+@pytest.mark.parametrize("change, message", [
+    (("detectLocalMode: \"\"", "detectLocalMode: InterfaceNamePrefix"), "detectLocalMode InterfaceNamePrefix"),
+    (("syncPeriod: 1m0s", "syncPeriod: soon"), "nftables.syncPeriod: 'soon' is not a duration"),
+    (("portRange: \"\"", "portRange: 30000-31000"), "portRange"),
+    (("kind: KubeProxyConfiguration", "kind: KubeletConfiguration"), "not a KubeProxyConfiguration"),
+])
+def test_what_cannot_be_honoured_is_a_clear_error_naming_the_field(tmp_path, change, message):
+    f = tmp_path / "config.conf"
+    f.write_text(KUBEADM.replace(*change))
+    with pytest.raises(KxlbError, match=message):
+        load(str(f))
+
+
+def test_durations_as_go_writes_them():
+    assert [go_duration(t, "f") for t in ("30s", "1m0s", "500ms", "1h2m3s", "0s", "")] == [30, 60, 0.5, 3723, 0, 0]
+
+
+def test_the_command_line_reports_a_bad_config_in_one_line(tmp_path):
+    f = tmp_path / "config.conf"
+    f.write_text(KUBEADM.replace("detectLocalMode: \"\"", "detectLocalMode: BridgeInterface"))
+    r = subprocess.run([sys.executable, "-m", "kxlb", "controller", "--config", str(f)], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("kxlb: error: --config: detectLocalMode")
