@@ -34,7 +34,7 @@ def applied(cp):
 
 @pytest.mark.parametrize("verb, resource, allowed", [
     ("watch", "services", "yes"), ("list", "endpointslices.discovery.k8s.io", "yes"),
-    ("watch", "nodes", "yes"), ("create", "events", "yes"),
+    ("watch", "nodes", "yes"), ("create", "events", "yes"), ("watch", "servicecidrs.networking.k8s.io", "yes"),
     ("create", "services", "no"), ("list", "secrets", "no"),
 ])
 def test_rbac_grants_what_the_controller_uses_and_no_more(cp, applied, verb, resource, allowed):

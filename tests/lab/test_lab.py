@@ -127,7 +127,8 @@ def test_kubectl_status_and_exec(lab):
     assert [(n["name"], n["netns"], n["internal_ip"], n["pod_cidr"]) for n in st["nodes"]] == \
         [(n.name, n.netns, n.ip, n.pod_cidr) for n in lab.node_specs]
     assert st["client"] == {"netns": lab.client_ns, "ip": lab.client_ip, "present": True,
-                            "routes": [f"10.96.0.0/16 via {lab.node(1).ip}"]}
+                            "routes": [f"{r} via {lab.node(1).ip}" for r in
+                                       ("10.96.0.0/16", "10.250.100.0/24", "10.250.200.0/24")]}
 
     # exec node/NAME: the node's namespace and its cgroup; kubectl works there (API relay).
     n2 = lab.node(2)
