@@ -9,9 +9,9 @@ altered behind our back.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from kxlb.loader.errors import KxlbError, MapWriteError
+from kxlb.loader.errors import FrontendConflict, KxlbError, MapWriteError
 from kxlb.loader.layout import ServiceKey
 from kxlb.loader.maps import Maps
 from kxlb.loader.services import ServiceState, ServiceTable
@@ -36,6 +36,9 @@ class ApplyResult:
 class Programmer:
     def __init__(self, maps: Maps):
         self.table = ServiceTable(maps)
+        # Service ports programmed without some frontends another service port holds:
+        # tried whole again on every sync, so they get them once the holder lets go.
+        self.trimmed: dict[ServiceKey, LbService] = {}
 
     @property
     def current(self) -> dict[ServiceKey, ServiceState]:
@@ -48,6 +51,9 @@ class Programmer:
         res = ApplyResult()
         current = self.current
         keys = scope if scope is not None else set(current) | set(desired)
+        retry_trimmed = {k: s for k, s in self.trimmed.items() if k not in keys}
+        for k in keys:
+            self.trimmed.pop(k, None)
         # Deletions first: they free room (and frontends) for what comes next.
         for key in [k for k in keys if k in current and k not in desired]:
             try:
@@ -72,18 +78,38 @@ class Programmer:
                 res.added += len(self.table.add_many(new))
             except KxlbError:
                 retry = new + retry  # one by one: what fits goes in, the rest is reported
-        for spec in retry:
-            try:
-                existed = spec.key in self.current
-                self.table.put(spec)
+        for spec in retry + list(retry_trimmed.values()):
+            existed, again = spec.key in self.current, spec.key in retry_trimmed
+            if self._put_trimming(spec, res, report=not again) and not again:
                 if existed:
                     res.updated += 1
                 else:
                     res.added += 1
-            except KxlbError as exc:
-                res.failed.append(f"{spec.label}: {exc}")
-                res.transient |= isinstance(exc, MapWriteError)
         return res
+
+    def _put_trimming(self, spec: LbService, res: ApplyResult, report: bool = True) -> bool:
+        """put(); frontends that another service port holds are left out (reported, and
+        tried again on every sync) rather than failing the whole service port: kube-proxy
+        serves such a clash too (one of the two wins), never neither."""
+        try:
+            self.table.put(spec)
+            return True
+        except FrontendConflict as exc:
+            if report:
+                res.failed.append(f"{exc} (left out)")
+            taken = set(exc.frontends)
+            if any(fe.key == spec.key for fe in taken):
+                return False  # its own cluster IP: nothing to serve without it
+            self.trimmed[spec.key] = spec
+            try:
+                self.table.put(replace(spec, frontends=tuple(f for f in spec.frontends if f not in taken)))
+                return True
+            except KxlbError as exc2:
+                res.failed.append(f"{spec.label}: {exc2}")
+        except KxlbError as exc:
+            res.failed.append(f"{spec.label}: {exc}")
+            res.transient |= isinstance(exc, MapWriteError)
+        return False
 
     def reconcile(self) -> list[ServiceKey]:
         """Rewrite every service port whose map content differs from what we wrote (an

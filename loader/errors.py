@@ -8,3 +8,12 @@ class KxlbError(Exception):
 class MapWriteError(KxlbError):
     """The kernel refused a map write (ENOMEM, a racing writer, a map replaced under us):
     worth retrying, unlike an input the maps cannot hold (which raises KxlbError)."""
+
+
+class FrontendConflict(KxlbError):
+    """Frontends of a service port that another service port already serves (two Services
+    listing the same externalIP and port, say)."""
+
+    def __init__(self, message: str, frontends: list):
+        super().__init__(message)
+        self.frontends = frontends

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable
 
 from . import bpfsys
-from .errors import KxlbError, MapWriteError
+from .errors import FrontendConflict, KxlbError, MapWriteError
 from .layout import (C, DP_COUNTERS, Backend, BackendKey, LbConfig, ServiceKey, SrcRangeKey, SvcCounters, SvcKey, SvcValue,
                      ip_to_raw, parse_ipv4, raw_to_ip, raw_to_port)
 from .maps import Maps
@@ -190,10 +190,11 @@ class ServiceTable:
                             f"used, {entries} more needed")
 
     def _check_frontends(self, spec: LbService) -> None:
-        for fe in spec.all_frontends:
-            owner = self._owner.get(fe.key)
-            if owner is not None and owner != spec.key:
-                raise KxlbError(f"service {spec.label}: frontend {fe} is already served by {owner}")
+        taken = [(fe, self._owner[fe.key]) for fe in spec.all_frontends
+                 if self._owner.get(fe.key) not in (None, spec.key)]
+        if taken:
+            raise FrontendConflict(f"service {spec.label}: " + "; ".join(
+                f"frontend {fe} is already served by {owner}" for fe, owner in taken), [fe for fe, _ in taken])
 
     def _prepare(self, spec: LbService) -> LbService:
         spec.validate(MAX_PER_SVC)

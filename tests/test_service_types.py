@@ -8,6 +8,7 @@ client in 192.0.2.0/24, services in 10.96.0.0/16.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -290,3 +291,23 @@ def test_the_datapath_counts_policy_decisions(hook, table):
     after = table.datapath_counters()
     for name in ("no_local", "src_range", "bad_port", "unallocated", "affinity"):
         assert after[name] - before[name] == 1, name
+
+
+def test_two_services_claiming_one_external_ip_both_serve_and_the_frontend_moves_when_freed(table):
+    """kube-proxy serves such a clash (one wins), never neither: the second service port is
+    programmed without the contested frontend, and gets it once the first lets go."""
+    from kxlb.controller.programmer import Programmer
+
+    prog = Programmer(table.maps)
+    ext = Frontend(ServiceKey(EXT_IP, PORT, 6), Kind.EXTERNAL_IP)
+    a = svc(frontends=(ext,))
+    b = LbService(key=ServiceKey("10.96.0.21", PORT, 6), cluster=REMOTE, has_endpoints=True, frontends=(ext,),
+                  name="default/b:80")
+    res = prog.apply({a.key: a, b.key: b})
+    assert set(prog.current) == {a.key, b.key}
+    owner = table.maps.services.get(ext.key.to_c()).svc_id
+    winner, loser = (a, b) if owner == prog.current[a.key].svc_id else (b, a)
+    assert prog.current[loser.key].spec.frontends == () and any("left out" in f for f in res.failed)
+    prog.apply({loser.key: loser, winner.key: replace(winner, frontends=())})
+    assert table.maps.services.get(ext.key.to_c()).svc_id == prog.current[loser.key].svc_id
+    assert prog.current[loser.key].spec.frontends == (ext,)

@@ -19,7 +19,8 @@ from kxlb.lab.client import tcp_request
 from kxlb.lab.cluster import http_get
 from kxlb.lab.nodes import EXTERNAL_IP_RANGE
 
-EXT_IP = EXTERNAL_IP_RANGE.replace("0/24", "10")
+# One externalIP per proxy: the previous test's namespace may still be going away.
+EXT_IPS = {"kube-proxy": EXTERNAL_IP_RANGE.replace("0/24", "10"), "kxlb": EXTERNAL_IP_RANGE.replace("0/24", "11")}
 TCP_PORT = [{"name": "tcp", "port": 80, "targetPort": "tcp", "protocol": "TCP"}]
 
 
@@ -76,7 +77,8 @@ def lb_service(k8s, name: str, ports=TCP_PORT, **spec) -> dict:
 def test_nodeport_external_ip_and_load_balancer(with_proxy, k8s, web, proxy):
     lab = with_proxy(proxy)
     ips, cns = web
-    svc = lb_service(k8s, "web", externalIPs=[EXT_IP])
+    ext_ip = EXT_IPS[proxy]
+    svc = lb_service(k8s, "web", externalIPs=[ext_ip])
     node_port = svc["spec"]["ports"][0]["nodePort"]
     lb_ip = svc["status"]["loadBalancer"]["ingress"][0]["ip"]
     client, node1, node2 = lab.client_ip, lab.node(1).ip, lab.node(2).ip
@@ -87,7 +89,7 @@ def test_nodeport_external_ip_and_load_balancer(with_proxy, k8s, web, proxy):
     for what, ns, addr, port in (("nodePort on node 1", lab.client_ns, node1, node_port),
                                  ("nodePort on node 2", lab.client_ns, node2, node_port),
                                  ("LB IP", lab.client_ns, lb_ip, 80),
-                                 ("externalIP", lab.client_ns, EXT_IP, 80),
+                                 ("externalIP", lab.client_ns, ext_ip, 80),
                                  ("LB IP from a pod", cns, lb_ip, 80),
                                  ("nodePort from a pod", cns, node1, node_port)):
         def check(ns=ns, addr=addr, port=port):
@@ -102,7 +104,7 @@ def test_nodeport_external_ip_and_load_balancer(with_proxy, k8s, web, proxy):
     for what, addr, port, pod in (("nodePort on node 1", node1, node_port, "local"),
                                   ("nodePort on node 2", node2, node_port, "remote"),
                                   ("LB IP via node 1", lb_ip, 80, "local"),
-                                  ("externalIP via node 1", EXT_IP, 80, "local")):
+                                  ("externalIP via node 1", ext_ip, 80, "local")):
         def check(addr=addr, port=port, pod=pod):
             seen = answers(lab.client_ns, addr, port, tries=10)
             return set(seen) == {(pod, client)}, dict(seen)
