@@ -150,6 +150,23 @@ def test_host_network_processes_reach_services_through_socket_hooks(api, ns, lab
     assert name in {"be0", "be1", "be2"} and peer == ip
 
 
+def test_session_affinity_holds_for_host_network_processes(api, ns, lab, controller):
+    """sessionAffinity ClientIP in the socket hooks: the node is one client, so every new
+    connection from its processes goes to the same backend."""
+    svc = make_service(api, ns, "sticky", [("http", 80, "TCP")], [(ip, READY) for ip in backend_ips(lab)],
+                       sessionAffinity="ClientIP")
+    ip = svc["spec"]["clusterIP"]
+    wait_maps(lab, lambda m: len(m.get(f"{ip}:80/tcp", [])) == 3)
+    code = ("import socket, sys\n"
+            "for _ in range(12):\n"
+            "    c = socket.create_connection((sys.argv[1], 80), timeout=3); c.sendall(b'hi\\n')\n"
+            "    print(c.recv(100).decode().split()[0]); c.close()\n")
+    r = subprocess.run(["sh", "-c", f"echo $$ > {controller.cgroup}/cgroup.procs && exec ip netns exec {lab.node} "
+                        f"{sys.executable} -c \"$0\" {ip}", code], capture_output=True, text=True, timeout=30)
+    names = r.stdout.split()
+    assert len(names) == 12 and len(set(names)) == 1 and names[0] in {"be0", "be1", "be2"}, (r.stdout, r.stderr)
+
+
 def test_host_network_connect_fails_as_kube_proxy_would(api, ns, lab, controller):
     """Socket hooks: no endpoint at all -> ECONNREFUSED at once (kube-proxy rejects);
     internalTrafficPolicy Local with no endpoint on this node -> ETIMEDOUT at once (kube-proxy
