@@ -1,13 +1,30 @@
-"""List + watch of one resource, with raw JSON and the recovery rules of a robust watch.
+"""List + watch of one resource, with raw JSON and the recovery rules of client-go's reflector.
 
-- List with `_preload_content=False` and parse the JSON ourselves (no model objects).
-- Watch from the list's resourceVersion with bookmarks, a server-side timeout and a
-  client read timeout longer than it, so a silently dead connection cannot hang us.
+Shared by the controller and the lab's pod agent (``lab/podagent.py``).
+
+- Initial state: a watch-list stream where the API server offers it (``sendInitialEvents=true``,
+  ``resourceVersionMatch=NotOlderThan``, bookmarks; Kubernetes' WatchList, on by default since
+  v1.34): the initial ADDED events are collected and applied when the BOOKMARK annotated
+  ``k8s.io/initial-events-end: "true"`` arrives; the same stream then carries on as the watch.
+  A server that rejects it (or ends the stream without that bookmark) is listed instead, and
+  this informer does not try watch-list again.
+- List: ``resourceVersion="0"`` (served from the API server's watch cache, no pagination: the
+  cache ignores ``limit``); after a 410 the list asks for the last seen resourceVersion; on
+  410 Gone or "Too large resource version" it falls back to a quorum list
+  (``resourceVersion`` unset), as client-go does.
+- Lists are parsed from raw JSON (``_preload_content=False``; no model objects). A relist
+  emits the difference against the cache as adds/updates/deletes; the cache is never cleared
+  to start over, so the datapath is never flushed.
+- Watch from the last resourceVersion with bookmarks, ``timeoutSeconds`` random in
+  [min, 2*min] (5-10 min: nodes do not reconnect in lockstep after an API server restart)
+  and a client read timeout (90 s): the API server sends a bookmark about every minute, so a
+  silent connection is dead. A read timeout or a broken connection re-watches from the last
+  resourceVersion after a backoff; only 410 relists.
 - Every event, BOOKMARK included, advances the resourceVersion.
-- 410 Gone (ERROR event or HTTP status): relist and emit the difference against the
-  cache as adds/updates/deletes. The cache is never cleared to start over, so the
-  datapath is never flushed.
-- Other errors: jittered exponential backoff, then watch again from the last version.
+- Backoff (client-go's ``DelayWithReset``): 0.8 s doubling to a 30 s cap, each delay jittered
+  by up to +100 %, reset after 2 min without a backoff. HTTP 429 waits at least its
+  Retry-After. A watch that ends within 1 s with no event backs off too (a proxy that closes
+  watches cannot make us spin).
 """
 from __future__ import annotations
 
@@ -16,12 +33,14 @@ import logging
 import random
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 log = logging.getLogger("kxlb.informer")
 
-ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
+ADDED, MODIFIED, DELETED, BOOKMARK = "ADDED", "MODIFIED", "DELETED", "BOOKMARK"
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 Handler = Callable[[str, str, dict], None]  # (event type, "ns/name", object)
 
 
@@ -29,13 +48,61 @@ class Gone(Exception):
     """The resourceVersion is too old (HTTP 410): relist."""
 
 
+class TooLarge(Exception):
+    """The resourceVersion is newer than the server's ("Too large resource version")."""
+
+
+class ShortWatch(Exception):
+    """The watch ended at once with no event."""
+
+
+class _NoWatchList(Exception):
+    """The watch-list stream did not deliver the initial state: list instead. ``permanent``
+    when the server does not serve watch-list at all (then it is not tried again)."""
+
+    def __init__(self, msg: str, permanent: bool = False):
+        super().__init__(msg)
+        self.permanent = permanent
+
+
 @dataclass
 class WatchTiming:
-    server_timeout_s: int = 240      # the API server ends each watch after this
-    read_timeout_s: float = 270      # our socket read timeout: longer than the server's
+    server_timeout_s: int = 300      # minimum watch timeoutSeconds; each watch asks for min..2*min
+    read_timeout_s: float = 90       # socket read timeout: bookmarks come about every 60 s
     connect_timeout_s: float = 5
-    backoff_initial_s: float = 0.2
-    backoff_max_s: float = 10
+    backoff_initial_s: float = 0.8   # client-go: 800 ms
+    backoff_max_s: float = 30        # cap of the base delay (jitter can add up to 100 %)
+    backoff_reset_s: float = 120     # no backoff for this long: start again from the initial delay
+    backoff_factor: float = 2.0
+    backoff_jitter: float = 1.0
+    short_watch_s: float = 1.0       # a watch ending sooner with no event backs off
+    watch_list: bool = True          # try sendInitialEvents streams first
+
+
+class Backoff:
+    """client-go's ``wait.Backoff`` with ``DelayWithReset``: delay d, next min(d*factor, cap),
+    each returned delay jittered to d*(1 + jitter*rand); reset to the initial delay when the
+    previous backoff started more than ``reset`` seconds ago."""
+
+    def __init__(self, initial: float, cap: float, reset: float, factor: float = 2.0, jitter: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic, rand: Callable[[], float] = random.random):
+        self.initial, self.cap, self.reset, self.factor, self.jitter = initial, cap, reset, factor, jitter
+        self.clock, self.rand = clock, rand
+        self.duration = initial
+        self.last: float | None = None
+
+    @classmethod
+    def from_timing(cls, t: WatchTiming) -> "Backoff":
+        return cls(t.backoff_initial_s, t.backoff_max_s, t.backoff_reset_s, t.backoff_factor, t.backoff_jitter)
+
+    def next(self) -> float:
+        now = self.clock()
+        if self.last is not None and now - self.last > self.reset:
+            self.duration = self.initial
+        self.last = now
+        d = self.duration
+        self.duration = min(d * self.factor, self.cap) if self.factor else d
+        return d + (self.rand() * self.jitter * d if self.jitter > 0 else 0)
 
 
 def object_key(obj: dict) -> str:
@@ -59,21 +126,70 @@ def _lines(resp):
         yield buf
 
 
+def _status_body(exc: Exception) -> dict:
+    try:
+        return json.loads(getattr(exc, "body", None) or "{}")
+    except (TypeError, ValueError):
+        return {}
+
+
+def _too_large(status: dict) -> bool:
+    """client-go's isTooLargeResourceVersionError, on a metav1.Status."""
+    causes = (status.get("details") or {}).get("causes") or []
+    if any(c.get("reason") == "ResourceVersionTooLarge" or c.get("message") == "Too large resource version"
+           for c in causes):
+        return True
+    return "Too large resource version" in (status.get("message") or "")
+
+
+def _classify(exc: Exception) -> Exception:
+    """An ApiException that means Gone / TooLarge as such; anything else unchanged."""
+    status = getattr(exc, "status", None)
+    if status == 410:
+        return Gone()
+    if status in (504, 500) and _too_large(_status_body(exc)):
+        return TooLarge()
+    return exc
+
+
+def _retry_after(exc: Exception) -> float:
+    headers = getattr(exc, "headers", None) or {}
+    try:
+        value = headers.get("Retry-After")
+    except AttributeError:
+        value = None
+    if value is None:
+        value = ((_status_body(exc).get("details") or {}).get("retryAfterSeconds"))
+    try:
+        return min(max(float(value), 0.0), 600.0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
 class Informer:
     """Keeps ``store`` equal to the server's view of one resource and calls ``handler``
     for every change. ``list_fn`` is a kubernetes-client list function (e.g.
-    CoreV1Api.list_service_for_all_namespaces); ``kwargs`` its selectors."""
+    CoreV1Api.list_service_for_all_namespaces); ``kwargs`` its selectors.
+
+    ``on_list(items)``, if given, receives every complete state (a list, or the initial
+    events of a watch-list) instead of the add/update/delete difference against the cache."""
 
     def __init__(self, name: str, list_fn: Callable, handler: Handler, kwargs: dict | None = None,
-                 timing: WatchTiming | None = None, on_restart: Callable[[str, str], None] | None = None):
+                 timing: WatchTiming | None = None, on_restart: Callable[[str, str], None] | None = None,
+                 on_list: Callable[[list[dict]], None] | None = None):
         self.name, self.list_fn, self.handler = name, list_fn, handler
         self.kwargs = kwargs or {}
         self.timing = timing or WatchTiming()
         self.on_restart = on_restart or (lambda resource, reason: None)
+        self.on_list = on_list
         # key -> resourceVersion: all a relist needs to tell what changed (the decoded
         # objects live in the handler's caches; raw JSON is not kept twice)
         self.store: dict[str, str] = {}
-        self.resource_version: str | None = None
+        self.resource_version: str | None = None   # the last one seen
+        self.need_list = True                       # first sync, and after 410
+        self.rv_unavailable = False                 # next list/watch-list: quorum read
+        self.watch_list = self.timing.watch_list    # cleared when the server rejects it
+        self.backoff = Backoff.from_timing(self.timing)
         self.synced = threading.Event()
         self._stop = threading.Event()
         self._resp = None
@@ -81,7 +197,7 @@ class Informer:
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> "Informer":
-        self._thread = threading.Thread(target=self._run, name=f"informer-{self.name}", daemon=True)
+        self._thread = threading.Thread(target=self.run, name=f"informer-{self.name}", daemon=True)
         self._thread.start()
         return self
 
@@ -94,88 +210,185 @@ class Informer:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        if self._thread:
+        if self._thread and self._thread is not threading.current_thread():
             self._thread.join(timeout=1)  # a read blocked in the socket ends with the process
 
-    def _run(self) -> None:
-        backoff = self.timing.backoff_initial_s
+    def run(self) -> None:
+        """The list/watch loop, in the calling thread, until stop()."""
         while not self._stop.is_set():
             try:
-                if self.resource_version is None:
+                if self.need_list:
+                    if self.watch_list:
+                        try:
+                            self._watch_list()  # syncs, then carries on as the watch
+                            continue
+                        except _NoWatchList as exc:
+                            log.info("%s: no watch-list (%s); listing instead", self.name, exc)
+                            self.watch_list = not exc.permanent
                     self.relist()
                 self._watch()
-                backoff = self.timing.backoff_initial_s  # a watch ended normally
             except Gone:
                 log.info("%s: resourceVersion %s is gone (410): relisting", self.name, self.resource_version)
                 self.on_restart(self.name, "gone")
-                self.resource_version = None
-            except Exception as exc:  # connection refused, reset, read timeout, 5xx ...
+                self.need_list = True
+            except TooLarge:
+                log.info("%s: resourceVersion %s is too large: relisting from etcd", self.name, self.resource_version)
+                self.on_restart(self.name, "gone")
+                self.need_list = self.rv_unavailable = True
+            except Exception as exc:  # connection refused, reset, read timeout, 5xx, 429, short watch ...
                 if self._stop.is_set():
                     return
                 reason = _reason(exc)
                 self.on_restart(self.name, reason)
-                delay = backoff * (0.5 + random.random())  # jitter: 50%..150%
-                log.warning("%s: watch failed (%s: %s); retrying in %.2fs", self.name, reason, exc, delay)
+                delay = self.backoff.next()
+                if getattr(exc, "status", None) == 429:
+                    delay = max(delay, _retry_after(exc))
+                log.warning("%s: %s (%s: %s); retrying in %.2fs", self.name,
+                            "listing failed" if self.need_list else "watch ended", reason,
+                            str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__, delay)
                 self._stop.wait(delay)
-                backoff = min(backoff * 2, self.timing.backoff_max_s)
 
     # --- list ----------------------------------------------------------------------------------
+    def list_resource_version(self) -> str:
+        """client-go's relistResourceVersion: "" (quorum) after a 410/too-large list, the last
+        seen version after a 410 watch, "0" (the watch cache) at first."""
+        if self.rv_unavailable:
+            return ""
+        return self.resource_version or "0"
+
     def relist(self) -> None:
         """List, then emit the difference against the cache (which is kept, not cleared)."""
         t = self.timing
-        resp = self.list_fn(**self.kwargs, _preload_content=False,
-                            _request_timeout=(t.connect_timeout_s, t.read_timeout_s))
+        while True:
+            rv = self.list_resource_version()
+            extra = {"resource_version": rv} if rv else {}
+            try:
+                resp = self.list_fn(**self.kwargs, **extra, _preload_content=False,
+                                    _request_timeout=(t.connect_timeout_s, t.read_timeout_s))
+                break
+            except Exception as exc:
+                err = _classify(exc)
+                if isinstance(err, (Gone, TooLarge)) and rv:
+                    log.info("%s: list at resourceVersion %s: %s; listing from etcd", self.name, rv,
+                             type(err).__name__)
+                    self.rv_unavailable = True
+                    continue
+                raise
         try:
             data = json.loads(resp.data)
         finally:
             resp.release_conn()
-        fresh = {object_key(o): o for o in data.get("items") or []}
-        for key in [k for k in self.store if k not in fresh]:
-            del self.store[key]
-            ns, _, name = key.partition("/")
-            self.handler(DELETED, key, {"metadata": {"namespace": ns, "name": name}})
-        for key, obj in fresh.items():
-            old_rv, rv = self.store.get(key), obj["metadata"].get("resourceVersion")
-            self.store[key] = rv
-            if old_rv is None:
-                self.handler(ADDED, key, obj)
-            elif old_rv != rv:
-                self.handler(MODIFIED, key, obj)
-        self.resource_version = data["metadata"]["resourceVersion"]
+        items = data.get("items") or []
+        self._replace(items, data["metadata"]["resourceVersion"])
+        log.info("%s: listed %d objects at resourceVersion %s (asked %r)", self.name, len(items),
+                 self.resource_version, rv)
+
+    def _replace(self, items: list[dict], rv: str) -> None:
+        fresh = {object_key(o): o for o in items}
+        if self.on_list is not None:
+            self.store = {k: (o.get("metadata") or {}).get("resourceVersion") for k, o in fresh.items()}
+            self.on_list(items)
+        else:
+            for key in [k for k in self.store if k not in fresh]:
+                del self.store[key]
+                ns, _, name = key.partition("/")
+                self.handler(DELETED, key, {"metadata": {"namespace": ns, "name": name}})
+            for key, obj in fresh.items():
+                old_rv, orv = self.store.get(key), obj["metadata"].get("resourceVersion")
+                self.store[key] = orv
+                if old_rv is None:
+                    self.handler(ADDED, key, obj)
+                elif old_rv != orv:
+                    self.handler(MODIFIED, key, obj)
+        self.resource_version = rv
+        self.need_list = self.rv_unavailable = False
         self.synced.set()
-        log.info("%s: listed %d objects at resourceVersion %s", self.name, len(fresh), self.resource_version)
 
     # --- watch ---------------------------------------------------------------------------------
-    def _watch(self) -> None:
+    def watch_timeout(self) -> int:
+        """client-go: min + rand*(max-min), max = 2*min."""
+        m = self.timing.server_timeout_s
+        return int(m + random.random() * m)
+
+    def _open(self, **params):
         t = self.timing
         try:
-            resp = self.list_fn(**self.kwargs, watch=True, resource_version=self.resource_version,
-                                allow_watch_bookmarks=True, timeout_seconds=t.server_timeout_s,
-                                _preload_content=False, _request_timeout=(t.connect_timeout_s, t.read_timeout_s))
+            resp = self.list_fn(**self.kwargs, **params, watch=True, allow_watch_bookmarks=True,
+                                timeout_seconds=self.watch_timeout(), _preload_content=False,
+                                _request_timeout=(t.connect_timeout_s, t.read_timeout_s))
         except Exception as exc:
-            if getattr(exc, "status", None) == 410:
-                raise Gone() from None
-            raise
+            raise _classify(exc) from None
         self._resp = resp
+        return resp
+
+    def _watch_list(self) -> None:
+        rv = "" if self.rv_unavailable else (self.resource_version or "")
+        params = {"send_initial_events": True, "resource_version_match": "NotOlderThan"}
+        if rv:
+            params["resource_version"] = rv
+        try:
+            resp = self._open(**params)
+        except (Gone, TooLarge):
+            raise TooLarge() from None  # watch-list again, at a quorum read
+        except Exception as exc:
+            if getattr(exc, "status", None) in (400, 403, 404, 405, 422, 501):
+                raise _NoWatchList(f"HTTP {exc.status}", permanent=True) from None
+            raise
+        self._consume(resp, initial={})
+
+    def _watch(self) -> None:
+        self._consume(self._open(resource_version=self.resource_version), initial=None)
+
+    def _consume(self, resp, initial: dict | None) -> None:
+        """Read a watch stream. ``initial`` collects a watch-list's initial events until the
+        end bookmark (then it is None and events are applied as they come)."""
+        started, events = time.monotonic(), 0
         try:
             for line in _lines(resp):
                 if self._stop.is_set():
                     return
-                self._event(json.loads(line))
+                events += 1
+                ev = json.loads(line)
+                typ, obj = ev.get("type"), ev.get("object") or {}
+                if typ == "ERROR":
+                    if obj.get("code") == 410:
+                        raise Gone() if initial is None else TooLarge()  # watch-list: quorum next
+                    if _too_large(obj):
+                        raise TooLarge()
+                    err = RuntimeError(f"watch error {obj.get('code')}: {obj.get('message')}")
+                    err.status = obj.get("code")
+                    err.body = json.dumps(obj)
+                    raise err
+                md = obj.get("metadata") or {}
+                if initial is not None:
+                    if typ == BOOKMARK:
+                        if (md.get("annotations") or {}).get(INITIAL_EVENTS_END) != "true":
+                            raise _NoWatchList("a bookmark before the initial-events-end bookmark", permanent=True)
+                        self._replace(list(initial.values()), md.get("resourceVersion") or self.resource_version)
+                        log.info("%s: watch-list: %d objects at resourceVersion %s", self.name,
+                                 len(initial), self.resource_version)
+                        initial = None
+                    elif typ in (ADDED, MODIFIED):
+                        initial[object_key(obj)] = obj
+                    elif typ == DELETED:
+                        initial.pop(object_key(obj), None)
+                    continue
+                self._event(typ, obj)
         finally:
             self._resp = None
             resp.release_conn()
+        if self._stop.is_set():
+            return
+        if initial is not None:
+            raise _NoWatchList("the stream ended before the initial-events-end bookmark")
+        if events == 0 and time.monotonic() - started < self.timing.short_watch_s:
+            raise ShortWatch("very short watch: it ended at once with no event")
 
-    def _event(self, ev: dict) -> None:
-        typ, obj = ev.get("type"), ev.get("object") or {}
-        if typ == "ERROR":
-            if obj.get("code") == 410:
-                raise Gone()
-            raise RuntimeError(f"watch error {obj.get('code')}: {obj.get('message')}")
+    def _event(self, typ: str, obj: dict) -> None:
         rv = (obj.get("metadata") or {}).get("resourceVersion")
         if rv:
             self.resource_version = rv
-        if typ == "BOOKMARK":
+        if typ == BOOKMARK:
             return
         key = object_key(obj)
         if typ == DELETED:
@@ -187,7 +400,9 @@ class Informer:
 
 def _reason(exc: Exception) -> str:
     name = type(exc).__name__
-    if "Timeout" in name:
+    if isinstance(exc, ShortWatch):
+        return "short"
+    if "Timeout" in name or isinstance(exc, (socket.timeout, TimeoutError)):
         return "timeout"
     status = getattr(exc, "status", None)
     if status:

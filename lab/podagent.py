@@ -8,8 +8,9 @@ configuration is the lab's ``lab.json`` in DIR. It
 - registers the Node (podCIDR, InternalIP, capacity/allocatable, labels, Ready) and
   keeps it alive: a Lease renewal in ``kube-node-lease`` and a status heartbeat every
   10 s, so the node lifecycle controller never taints it;
-- watches the Pods bound to its node (list + watch from the list's resourceVersion,
-  bookmarks, read timeouts, relist on 410 Gone, backoff on other errors);
+- watches the Pods bound to its node with the controller's informer
+  (``controller/informer.py``: watch-list or list, watch with bookmarks and read timeouts,
+  relist on 410 Gone, client-go's backoff on other errors);
 - gives each pod a network namespace ``<lab>-pod-<uid8>``, a veth whose node side is
   ``kxp<uid8>`` (plain L3 routing, see ``lab/nodes.py``) and an address from the node's
   podCIDR (round-robin, released on delete); ``hostNetwork`` pods run in the node's
@@ -44,7 +45,6 @@ import ipaddress
 import json
 import logging
 import os
-import random
 import select
 import signal
 import socket
@@ -659,55 +659,24 @@ class Agent:
                 del self.finished[u]
 
     def watch_loop(self) -> None:
-        sel = f"spec.nodeName={self.node.name}"
-        rv: Optional[str] = None
-        backoff = 0.2
-        while not self.stopping.is_set():
-            try:
-                if rv is None:
-                    resp = self.core.list_pod_for_all_namespaces(field_selector=sel, _preload_content=False,
-                                                                 _request_timeout=(5, 60))
-                    data = json.loads(resp.data)
-                    rv = data["metadata"]["resourceVersion"]
-                    items = data.get("items") or []
-                    self.resync(items)
-                    log.info("listed %d pods at resourceVersion %s", len(items), rv)
-                resp = self.core.list_pod_for_all_namespaces(
-                    field_selector=sel, watch=True, resource_version=rv, allow_watch_bookmarks=True,
-                    timeout_seconds=240, _preload_content=False, _request_timeout=(5, 270))
-                self._api_ok()
-                backoff = 0.2
-                try:
-                    buf = b""
-                    for chunk in resp.stream(65536, decode_content=True):
-                        buf += chunk
-                        while b"\n" in buf:
-                            line, buf = buf.split(b"\n", 1)
-                            if not line.strip():
-                                continue
-                            ev = json.loads(line)
-                            kind, obj = ev.get("type"), ev.get("object") or {}
-                            if kind == "ERROR":
-                                if obj.get("code") == 410:
-                                    log.info("watch: resourceVersion %s is gone; relisting", rv)
-                                    rv = None
-                                    raise _Relist()
-                                raise RuntimeError(f"watch error: {obj.get('message')}")
-                            rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                            if kind == "BOOKMARK":
-                                continue
-                            self.dispatch(obj, gone=kind == "DELETED")
-                finally:
-                    resp.release_conn()
-            except _Relist:
-                continue
-            except Exception as exc:  # noqa: BLE001
-                if _status(exc) == 410:
-                    rv = None
-                    continue
-                self._api_error("pod watch", exc)
-                time.sleep(backoff * (0.5 + random.random()))
-                backoff = min(backoff * 2, 5.0)
+        """The pods bound to this node, through the controller's informer (watch-list or
+        list at resourceVersion "0", watch with bookmarks and read timeouts, relist on 410,
+        client-go's backoff). Every complete state goes to resync(), watch events to dispatch()."""
+        from kxlb.controller.informer import DELETED, Informer
+
+        def on_restart(_resource: str, reason: str) -> None:
+            if reason != "gone":
+                self._api_error("pod watch", RuntimeError(reason))
+
+        def on_list(items: list[dict]) -> None:
+            self._api_ok()
+            self.resync(items)
+
+        self.informer = Informer("pods", self.core.list_pod_for_all_namespaces,
+                                 lambda typ, _key, obj: self.dispatch(obj, gone=typ == DELETED),
+                                 {"field_selector": f"spec.nodeName={self.node.name}"},
+                                 on_restart=on_restart, on_list=on_list)
+        self.informer.run()
 
     # -- main
     def run(self) -> None:
@@ -733,10 +702,8 @@ class Agent:
 
     def stop(self) -> None:
         self.stopping.set()
-
-
-class _Relist(Exception):
-    pass
+        if getattr(self, "informer", None) is not None:
+            self.informer.stop()
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -1,0 +1,329 @@
+"""The informer (controller/informer.py), as careful as client-go's reflector.
+
+Against the real kube-apiserver of the session control plane: the first list at
+resourceVersion "0", the quorum fallback on "Too large resource version", the relist after a
+410, watch-list streaming, randomised watch timeouts. A small local HTTP server only for
+what a real API server cannot be made to do on demand: 429 with Retry-After, watches closed
+at once, a connection that goes silent, a server that rejects watch-list."""
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+import urllib.parse
+
+import pytest
+
+from kxlb.controller.informer import Backoff, Informer, WatchTiming, object_key
+
+
+class Recorder:
+    """Wraps a kubernetes-client list function; records each call's query arguments."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, []
+
+    def __call__(self, **kw):
+        self.calls.append({k: v for k, v in kw.items() if not k.startswith("_") and k not in ("namespace", "label_selector")})
+        return self.fn(**kw)
+
+
+class Events:
+    def __init__(self):
+        self.seen: list[tuple[str, str]] = []
+        self.restarts: list[str] = []
+
+    def __call__(self, typ, key, obj):
+        self.seen.append((typ, key))
+
+    def restart(self, _res, reason):
+        self.restarts.append(reason)
+
+    def wait(self, item, timeout=10.0):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if item in self.seen:
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"{item} not seen; saw {self.seen}")
+
+
+def configmaps(api, ns, *names):
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    for n in names:
+        core.create_namespaced_config_map(ns, {"metadata": {"name": n, "labels": {"kxlb-test": "informer"}},
+                                               "data": {"k": n}}, _preload_content=False)
+
+
+def cm_informer(api, ns, timing: WatchTiming, ev: Events):
+    from kubernetes import client
+
+    rec = Recorder(client.CoreV1Api(api).list_namespaced_config_map)
+    return Informer("configmaps", rec, ev, {"namespace": ns, "label_selector": "kxlb-test=informer"},
+                    timing, ev.restart), rec
+
+
+# ----------------------------------------------------------------------------- real API server
+def test_first_list_from_watch_cache_then_watch_with_random_timeout(api, ns):
+    configmaps(api, ns, "a", "b")
+    ev = Events()
+    inf, rec = cm_informer(api, ns, WatchTiming(watch_list=False), ev)
+    inf.start()
+    try:
+        assert inf.synced.wait(10)
+        assert rec.calls[0] == {"resource_version": "0"}  # the watch cache; no resourceVersionMatch, no limit
+        assert {("ADDED", f"{ns}/a"), ("ADDED", f"{ns}/b")} <= set(ev.seen)
+        configmaps(api, ns, "c")
+        ev.wait(("ADDED", f"{ns}/c"))
+        w = rec.calls[1]
+        assert w["watch"] is True and w["allow_watch_bookmarks"] is True and w["resource_version"] not in ("", "0")
+        assert 300 <= w["timeout_seconds"] <= 600
+        assert len(rec.calls) == 2
+    finally:
+        inf.stop()
+    timeouts = {inf.watch_timeout() for _ in range(50)}
+    assert len(timeouts) > 10 and min(timeouts) >= 300 and max(timeouts) <= 600
+
+
+def test_list_too_large_resource_version_falls_back_to_quorum_list(api, ns):
+    from kubernetes import client
+
+    configmaps(api, ns, "a")
+    rv = json.loads(client.CoreV1Api(api).list_namespaced_config_map(ns, _preload_content=False).data)
+    ev = Events()
+    inf, rec = cm_informer(api, ns, WatchTiming(watch_list=False), ev)
+    future = str(int(rv["metadata"]["resourceVersion"]) + 1_000_000)
+    inf.resource_version = future  # as if the last version seen came from the future
+    inf.relist()
+    assert [c.get("resource_version") for c in rec.calls] == [future, None]  # then a quorum read
+    assert int(inf.resource_version) < int(future)
+    assert inf.synced.is_set() and ("ADDED", f"{ns}/a") in ev.seen
+
+
+def test_watch_410_relists_and_emits_the_difference(api, ns, cp):
+    """A node whose watch was away while the API server restarted and etcd compacted: its
+    resourceVersion is older than the new watch cache holds (410). It relists at that
+    version and emits only the difference: the Service deleted meanwhile, the one added."""
+    from kubernetes import client
+    from kxlb.lab.controlplane import APISERVER
+    from test_restarts import etcd_compact, restart_apiserver
+
+    core = client.CoreV1Api(api)
+    configmaps(api, ns, "a", "ghost")
+    listed = json.loads(core.list_namespaced_config_map(ns, label_selector="kxlb-test=informer",
+                                                        _preload_content=False).data)
+    core.delete_namespaced_config_map("ghost", ns)
+    configmaps(api, ns, "b")
+    cp.kill(APISERVER)
+    restart_apiserver(cp)
+    etcd_compact(cp)
+    ev = Events()
+    inf, rec = cm_informer(api, ns, WatchTiming(watch_list=False), ev)
+    inf.store = {object_key(o): o["metadata"]["resourceVersion"] for o in listed["items"]}  # as synced then
+    inf.resource_version, inf.need_list = listed["metadata"]["resourceVersion"], False
+    inf.start()
+    try:
+        ev.wait(("DELETED", f"{ns}/ghost"))
+        ev.wait(("ADDED", f"{ns}/b"))
+        assert "gone" in ev.restarts and ("MODIFIED", f"{ns}/a") not in ev.seen
+        old = listed["metadata"]["resourceVersion"]
+        assert rec.calls[0]["watch"] is True and rec.calls[0]["resource_version"] == old
+        assert rec.calls[1] == {"resource_version": old}  # client-go relists at the last version first
+        assert set(inf.store) == {f"{ns}/a", f"{ns}/b"}
+    finally:
+        inf.stop()
+
+
+def test_watch_list_streams_initial_state_then_events(api, ns):
+    configmaps(api, ns, "a", "b")
+    ev = Events()
+    inf, rec = cm_informer(api, ns, WatchTiming(), ev)
+    inf.start()
+    try:
+        assert inf.synced.wait(10)
+        first = rec.calls[0]
+        assert first["watch"] is True and first["send_initial_events"] is True
+        assert first["resource_version_match"] == "NotOlderThan" and "resource_version" not in first
+        assert 300 <= first["timeout_seconds"] <= 600
+        assert sorted(ev.seen) == [("ADDED", f"{ns}/a"), ("ADDED", f"{ns}/b")]
+        configmaps(api, ns, "c")
+        ev.wait(("ADDED", f"{ns}/c"))
+        assert len(rec.calls) == 1 and inf.watch_list  # no list: the same stream carries on
+    finally:
+        inf.stop()
+
+
+# ----------------------------------------------------------------------------- fake server
+class Fake:
+    """A local HTTP server answering list and watch of configmaps from a script:
+    script(kind, query, n) -> (status, headers, lines, hold). kind is list, watch or
+    watchlist; n counts requests of that kind; hold keeps the connection open, silent."""
+
+    def __init__(self, script):
+        self.script, self.requests, self.release = script, [], threading.Event()
+        fake = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # chunked, as the API server streams watches
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                q = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
+                kind = ("watchlist" if q.get("sendInitialEvents") == "true" else "watch") if q.get("watch") == "true" else "list"
+                n = sum(1 for k, _, _ in fake.requests if k == kind)
+                fake.requests.append((kind, q, time.monotonic()))
+                status, headers, lines, hold = fake.script(kind, q, n)
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.send_header("Connection", "close")
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                for line in lines:
+                    data = json.dumps(line).encode() + b"\n"
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
+                if hold:
+                    fake.release.wait(30)
+                    return
+                self.wfile.write(b"0\r\n\r\n")
+                self.close_connection = True
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.srv.daemon_threads = True
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def informer(self, timing: WatchTiming, ev: Events) -> Informer:
+        from kubernetes import client
+
+        cfg = client.Configuration()
+        cfg.host = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        core = client.CoreV1Api(client.ApiClient(cfg))
+        return Informer("configmaps", core.list_namespaced_config_map, ev, {"namespace": "x"}, timing, ev.restart)
+
+    def kinds(self):
+        return [k for k, _, _ in self.requests]
+
+    def close(self):
+        self.release.set()
+        self.srv.shutdown()
+
+
+def cm(name, rv):
+    return {"metadata": {"namespace": "x", "name": name, "resourceVersion": rv}}
+
+
+LIST = (200, {}, [{"kind": "ConfigMapList", "metadata": {"resourceVersion": "10"}, "items": [cm("a", "9")]}], False)
+FAST = dict(watch_list=False, backoff_initial_s=0.05, backoff_max_s=0.4)
+
+
+@pytest.fixture
+def fake():
+    made = []
+
+    def make(script):
+        made.append(Fake(script))
+        return made[-1]
+
+    yield make
+    for f in made:
+        f.close()
+
+
+def test_429_honours_retry_after(fake):
+    # The API server's 429 carries Retry-After. urllib3 retries a GET up to 3 times after it;
+    # then the 429 reaches the informer, which must wait at least as long too (its own
+    # backoff here is 0.05-0.1 s).
+    status = {"kind": "Status", "code": 429, "reason": "TooManyRequests", "details": {"retryAfterSeconds": 1}}
+    srv = fake(lambda kind, q, n: LIST if kind == "list" else
+               (429, {"Retry-After": "1"}, [status], False) if n < 6 else (200, {}, [], True))
+    ev = Events()
+    inf = srv.informer(WatchTiming(**FAST), ev).start()
+    try:
+        end = time.monotonic() + 15
+        while srv.kinds().count("watch") < 7 and time.monotonic() < end:
+            time.sleep(0.05)
+    finally:
+        inf.stop()
+    watches = [(t, q["timeoutSeconds"]) for k, q, t in srv.requests if k == "watch"]
+    assert len(watches) >= 7, srv.kinds()
+    gaps = [b[0] - a[0] for a, b in zip(watches[:7], watches[1:7])]
+    assert min(gaps) >= 0.9, gaps
+    assert len({ts for _, ts in watches[:7]}) >= 2  # the informer itself retried (a new timeoutSeconds)
+    assert "http_429" in ev.restarts and srv.kinds().count("list") == 1
+
+
+def test_watch_closed_at_once_backs_off(fake):
+    srv = fake(lambda kind, q, n: LIST if kind == "list" else (200, {}, [], False))
+    ev = Events()
+    inf = srv.informer(WatchTiming(**FAST), ev).start()
+    try:
+        time.sleep(2.0)
+    finally:
+        inf.stop()
+    watches = [t for k, _, t in srv.requests if k == "watch"]
+    # 0.05, 0.1, 0.2, 0.4, 0.4... (+0-100 % jitter) -> at most ~9 watches in 2 s; spinning: hundreds
+    assert 3 <= len(watches) <= 10, len(watches)
+    gaps = [b - a for a, b in zip(watches, watches[1:])]
+    assert gaps[0] >= 0.05 and max(gaps) >= 0.2
+    assert set(ev.restarts) == {"short"} and srv.kinds().count("list") == 1  # re-watch, never relist
+
+
+def test_silent_connection_times_out_and_rewatches_from_last_version(fake):
+    def script(kind, q, n):
+        if kind == "list":
+            return LIST
+        return 200, {}, [{"type": "ADDED", "object": cm("b", "11")}] if n == 0 else [], True
+
+    srv = fake(script)
+    ev = Events()
+    inf = srv.informer(WatchTiming(read_timeout_s=1, **FAST), ev).start()
+    try:
+        end = time.monotonic() + 6
+        while srv.kinds().count("watch") < 2 and time.monotonic() < end:
+            time.sleep(0.05)
+    finally:
+        inf.stop()
+    watches = [q for k, q, _ in srv.requests if k == "watch"]
+    assert len(watches) >= 2, srv.kinds()
+    assert watches[0]["resourceVersion"] == "10" and watches[1]["resourceVersion"] == "11"
+    assert ev.restarts[0] == "timeout" and srv.kinds().count("list") == 1
+    assert ("ADDED", "x/b") in ev.seen
+
+
+def test_watch_list_rejected_falls_back_to_list(fake):
+    invalid = {"kind": "Status", "code": 422, "reason": "Invalid",
+               "message": "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled"}
+    srv = fake(lambda kind, q, n: LIST if kind == "list" else (422, {}, [invalid], False) if kind == "watchlist"
+               else (200, {}, [], True))
+    ev = Events()
+    inf = srv.informer(WatchTiming(backoff_initial_s=0.05), ev).start()
+    try:
+        assert inf.synced.wait(5)
+        end = time.monotonic() + 5
+        while "watch" not in srv.kinds() and time.monotonic() < end:
+            time.sleep(0.05)
+        assert srv.kinds()[:3] == ["watchlist", "list", "watch"]
+        assert not inf.watch_list and ev.seen == [("ADDED", "x/a")]
+    finally:
+        inf.stop()
+
+
+# ----------------------------------------------------------------------------- backoff numbers
+def test_backoff_is_client_gos():
+    now = [0.0]
+    t = WatchTiming()
+    low = Backoff(t.backoff_initial_s, t.backoff_max_s, t.backoff_reset_s, clock=lambda: now[0], rand=lambda: 0.0)
+    assert [round(low.next(), 3) for _ in range(8)] == [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30, 30]
+    now[0] += 119
+    assert low.next() == 30  # not 2 min without a backoff yet
+    now[0] += 121
+    assert low.next() == pytest.approx(0.8)  # healthy for 2 min: reset
+    high = Backoff(0.8, 30, 120, clock=lambda: now[0], rand=lambda: 1.0)
+    assert [round(high.next(), 3) for _ in range(7)] == [1.6, 3.2, 6.4, 12.8, 25.6, 51.2, 60]
