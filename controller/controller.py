@@ -89,6 +89,12 @@ class Controller:
         self._dp_config: DatapathConfig | None = None  # what the config map holds
         self._node_dirty = False
         self._force_full = True          # the first sync, and the one after a failure
+        self._last_queued = 0.0
+        self._slice_changes = 0          # EndpointSlice events since the last sync
+        # Read at scrape time: nothing to do per event.
+        self.metrics.last_queued.set_function(lambda: self._last_queued)
+        self.metrics.service_changes_pending.set_function(lambda: len(self._dirty))
+        self.metrics.endpoint_changes_pending.set_function(lambda: self._slice_changes)
         self._next_full = 0.0
         self._started = time.time()      # network-programming latency: only changes after this
         self.health = ProxyHealth(2 * config.reconcile_period)
@@ -157,13 +163,14 @@ class Controller:
                 trig = _trigger_time(obj)
                 if trig is not None:
                     self._triggers[s.service_id] = min(trig, self._triggers.get(s.service_id, trig))
+            self._slice_changes += 1
         self._queued()
 
     def _queued(self) -> None:
-        """A change waits for the sync loop (kube-proxy's QueuedUpdate)."""
+        """A change waits for the sync loop (kube-proxy's QueuedUpdate). Called per event:
+        a full list hands over tens of thousands, so it stays cheap."""
         self.health.queued_update()
-        self.metrics.last_queued.set(time.time())
-        self.metrics.service_changes_pending.set(len(self._dirty))
+        self._last_queued = time.time()
         self.runner.run()
 
     def _on_node(self, typ: str, key: str, obj: dict) -> None:
@@ -262,7 +269,6 @@ class Controller:
         else:
             self.sync(full=False)
         self.health.updated()
-        self.metrics.service_changes_pending.set(len(self._dirty))
 
     def _sync_failed(self, exc: BaseException) -> None:
         """A run raised: count it, forget what the table believes the maps hold (a write
@@ -290,6 +296,7 @@ class Controller:
                 full, self._node_dirty = True, False
             ids = (set(self.services) | set(self.fragments)) if full else self._dirty
             self._dirty = set()
+            self._slice_changes = 0
             work = [(sid, self.services.get(sid), list(self.slices_by_service.get(sid, {}).values())) for sid in ids]
             triggers = [self._triggers.pop(sid) for sid in ids if sid in self._triggers]
         node = self._node_ctx = self.node_context() if full or self._node_ctx is None else self._node_ctx

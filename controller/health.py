@@ -37,6 +37,8 @@ class ProxyHealth:
         self.counts: dict[tuple[str, int], int] = {}  # (endpoint, code) -> requests
 
     def queued_update(self) -> None:
+        if self._oldest_pending is not None:
+            return  # already pending: nothing to record (no lock on the per-event path)
         with self._lock:
             if self._oldest_pending is None:
                 self._oldest_pending = self.clock()

@@ -36,7 +36,8 @@ class BoundedFrequencyRunner:
         self.last_error: BaseException | None = None
 
     def run(self) -> None:
-        self._wake.set()
+        if not self._wake.is_set():  # set() takes a lock and notifies: once is enough
+            self._wake.set()
 
     def start(self) -> "BoundedFrequencyRunner":
         self._thread = threading.Thread(target=self.loop, name=self.name, daemon=True)

@@ -10,6 +10,7 @@ import ctypes
 import ipaddress
 import socket
 import struct
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Iterable
 
@@ -51,6 +52,24 @@ def validate_backends(key: ServiceKey, backends: Iterable[Backend]) -> tuple[Bac
     return LbService.simple(key, backends).validate(MAX_PER_SVC).cluster
 
 
+# Slot keys are (svc_id, slot, gen, set): the (slot, gen, set) tails are packed once, and a
+# set's keys are then one bytes.join (svc_id as the separator), not a pack per slot.
+_SLOT_TAILS = {(g, st): [struct.pack("=HBB", i, g, st) for i in range(MAX_PER_SVC)] for g in (0, 1) for st in SETS}
+_PORT_PAD: dict[int, bytes] = {}
+
+
+def _pack_set(svc_id: int, gen: int, set_: int, backends: tuple[Backend, ...]) -> tuple[bytes, bytes]:
+    """Keys and values of one backend set's slots, packed as maps.h lays them out."""
+    if not backends:
+        return b"", b""
+    sid = struct.pack("=I", svc_id)
+    keys = sid + sid.join(_SLOT_TAILS[(gen, set_)][:len(backends)])
+    aton, pads = socket.inet_aton, _PORT_PAD
+    vals = b"".join([aton(b.addr) + (pads.get(b.port) or pads.setdefault(b.port, b.port.to_bytes(2, "big") + b"\0\0"))
+                     for b in backends])
+    return keys, vals
+
+
 def _svc_value(spec: LbService, kind: Kind, svc_id: int, gen: int) -> bytes:
     return _SVC_VALUE.pack(svc_id, len(spec.cluster), len(spec.local), gen, int(kind), spec.flags_for(kind),
                            spec.affinity_s)
@@ -83,6 +102,7 @@ class ServiceTable:
         self._ids: set[int] = set()
         self._slots_used = 0
         self._entries = 0
+        self._vip_users: Counter[str] = Counter()   # cluster IP -> service ports on it (markers)
 
     def forget(self) -> None:
         """Re-read the maps on next use."""
@@ -101,6 +121,7 @@ class ServiceTable:
         """Take ``actual`` (a fresh read_all()) as what the maps hold."""
         self._states = {}
         self._owner.clear()
+        self._vip_users.clear()
         for st in actual.values():
             self._remember(st)
         self._ids = {st.svc_id for st in actual.values()}
@@ -109,7 +130,8 @@ class ServiceTable:
 
     def sync_markers(self) -> None:
         """Rewrite every cluster IP's marker entry (after edits behind our back)."""
-        live = {k.vip for k in self.states}
+        self.states  # load the record
+        live = set(self._vip_users)
         for k, v in self.maps.services.items():
             if v.kind == MARKER and raw_to_ip(k.vip) not in live:
                 self._entries -= self.maps.services.delete(k)
@@ -119,12 +141,16 @@ class ServiceTable:
     def _remember(self, st: ServiceState) -> None:
         assert self._states is not None
         self._states[st.key] = st
+        self._vip_users[st.key.vip] += 1
         for fe in st.spec.all_frontends:
             self._owner[fe.key] = st.key
 
     def _forget_state(self, st: ServiceState) -> None:
         assert self._states is not None
-        self._states.pop(st.key, None)
+        if self._states.pop(st.key, None) is not None:
+            self._vip_users[st.key.vip] -= 1
+            if not self._vip_users[st.key.vip]:
+                del self._vip_users[st.key.vip]
         for fe in st.spec.all_frontends:
             if self._owner.get(fe.key) == st.key:
                 del self._owner[fe.key]
@@ -202,12 +228,12 @@ class ServiceTable:
         return spec.canonical()
 
     def _write_slots(self, spec: LbService, svc_id: int, gen: int) -> None:
-        keys, vals, n = [], [], 0
+        keys, vals = [], []
         for set_, bs in zip(SETS, (spec.cluster, spec.local)):
-            for i, b in enumerate(bs):
-                keys.append(_BACKEND_KEY.pack(svc_id, i, gen, set_))
-                vals.append(_BACKEND.pack(socket.inet_aton(b.addr), b.port.to_bytes(2, "big"), 0))
-                n += 1
+            k, v = _pack_set(svc_id, gen, set_, bs)
+            keys.append(k)
+            vals.append(v)
+        n = len(spec.cluster) + len(spec.local)
         try:
             self.maps.backends.put_many_raw(b"".join(keys), b"".join(vals), n)
         except OSError as exc:
@@ -239,8 +265,8 @@ class ServiceTable:
 
     def _sync_marker(self, vip: str) -> None:
         """A marker entry exists for a cluster IP exactly while some service port uses it."""
-        live = any(k.vip == vip for k in self.states)
-        if live:
+        self.states  # load the record
+        if vip in self._vip_users:
             if self.maps.services.get(_marker_key(vip)) is None:
                 self._entries += 1
             self.maps.services.put(_marker_key(vip), SvcValue(kind=MARKER))
@@ -360,14 +386,14 @@ class ServiceTable:
         slot_keys, slot_vals, svc_keys, svc_vals = [], [], [], []
         for st in states:
             for set_, bs in zip(SETS, (st.spec.cluster, st.spec.local)):
-                for i, b in enumerate(bs):
-                    slot_keys.append(_BACKEND_KEY.pack(st.svc_id, i, 0, set_))
-                    slot_vals.append(_BACKEND.pack(socket.inet_aton(b.addr), b.port.to_bytes(2, "big"), 0))
+                k, v = _pack_set(st.svc_id, 0, set_, bs)
+                slot_keys.append(k)
+                slot_vals.append(v)
             for fe in st.spec.all_frontends:
                 svc_keys.append(_svc_key(fe.key))
                 svc_vals.append(_svc_value(st.spec, fe.kind, st.svc_id, 0))
         try:
-            self.maps.backends.put_many_raw(b"".join(slot_keys), b"".join(slot_vals), len(slot_keys))
+            self.maps.backends.put_many_raw(b"".join(slot_keys), b"".join(slot_vals), n_slots)
             for st in states:
                 self._put_ranges(st.svc_id, st.spec.source_ranges)
             self.maps.services.put_many_raw(b"".join(svc_keys), b"".join(svc_vals), len(svc_keys))
@@ -378,13 +404,17 @@ class ServiceTable:
                 self._delete_slots(st.spec, st.svc_id, 0, written=False)
                 self._delete_ranges(st.svc_id, st.spec.source_ranges)
             raise MapWriteError(f"adding {len(states)} services failed: {exc}") from None
-        self._slots_used += len(slot_keys)
+        self._slots_used += n_slots
         self._entries += len(svc_keys)
+        new_vips = {st.key.vip for st in states} - set(self._vip_users)
         for st in states:
             self._ids.add(st.svc_id)
             self._remember(st)
-        for vip in {st.key.vip for st in states}:
-            self._sync_marker(vip)
+        # Markers of cluster IPs that had none, in one batch (a full sync adds thousands).
+        marker = bytes(SvcValue(kind=MARKER))
+        self.maps.services.put_many_raw(b"".join(_svc_key(ServiceKey(v, 0, 0)) for v in new_vips),
+                                        marker * len(new_vips), len(new_vips))
+        self._entries += len(new_vips)
         return states
 
     def delete(self, key: ServiceKey) -> None:

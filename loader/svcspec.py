@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -73,7 +74,7 @@ class LbService:
         backends = tuple(backends)
         return cls(key=key, cluster=backends, has_endpoints=bool(backends), name=name)
 
-    @property
+    @cached_property  # read several times per write; the record is immutable
     def all_frontends(self) -> tuple[Frontend, ...]:
         return (Frontend(self.key, Kind.CLUSTER_IP),) + self.frontends
 
@@ -96,6 +97,8 @@ class LbService:
         """The form the maps can hold and give back: sorted frontends and ranges; options
         that no frontend carries dropped (an eTP without an external frontend, source
         ranges without a load-balancer IP)."""
+        if not self.frontends and not self.source_ranges and not self.external_local:
+            return self  # a cluster IP alone (most service ports): already canonical
         kinds = {fe.kind for fe in self.frontends}
         return replace(
             self,
@@ -113,12 +116,13 @@ class LbService:
                 raise KxlbError(f"service {self.label}: duplicate {what[:-1]} {dup}")
             if len(bs) > max_backends:
                 raise KxlbError(f"service {self.label}: {len(bs)} {what}, at most {max_backends} per set")
-        keys = [fe.key for fe in self.all_frontends]
-        if len(set(keys)) != len(keys):
-            dup = next(k for k in keys if keys.count(k) > 1)
-            raise KxlbError(f"service {self.label}: frontend {dup} listed twice")
-        if any(fe.key.proto != self.key.proto for fe in self.frontends):
-            raise KxlbError(f"service {self.label}: every frontend must use protocol of {self.key}")
+        if self.frontends:
+            keys = [fe.key for fe in self.all_frontends]
+            if len(set(keys)) != len(keys):
+                dup = next(k for k in keys if keys.count(k) > 1)
+                raise KxlbError(f"service {self.label}: frontend {dup} listed twice")
+            if any(fe.key.proto != self.key.proto for fe in self.frontends):
+                raise KxlbError(f"service {self.label}: every frontend must use protocol of {self.key}")
         if not 0 <= self.affinity_s <= 86400:
             raise KxlbError(f"service {self.label}: sessionAffinity timeout {self.affinity_s} s is out of "
                             "range 1-86400")
