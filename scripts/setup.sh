@@ -56,7 +56,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   ln -sfn /usr/lib/python3/dist-packages/bcc "$site/bcc"
   "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
-  "$VENV/bin/python" -m pip install -q -e ".[test]"
+  "$VENV/bin/python" -m pip install -q -e ".[test,bench]"
   echo "$want" > "$stamp"
   log "venv ready: $VENV"
 fi
