@@ -16,7 +16,7 @@ from kxlb.loader.netns import netns
 
 from .health import serve_health
 from .metrics import Metrics, serve
-from .node import parse_nodeport_cidrs
+from .node import ipv4_cidrs, parse_nodeport_cidrs
 
 log = logging.getLogger("kxlb.controller")
 
@@ -193,20 +193,8 @@ def bind_address(text: str, flag: str) -> tuple[str, int]:
 
 
 def ipv4_cidr_of(text: str | None, flag: str) -> str | None:
-    """A CIDR list as kube-proxy takes it ("v4" or "v4,v6"): the IPv4 one (the IPv6 one is
-    the IPv6 datapath's business); a clear error for anything else."""
-    import ipaddress
-
-    if not text:
-        return None
-    v4 = []
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        try:
-            net = ipaddress.ip_network(part, strict=False)
-        except ValueError:
-            raise KxlbError(f"{flag}: {part!r} is not a CIDR") from None
-        if net.version == 4:
-            v4.append(str(net))
+    """A CIDR list as kube-proxy takes it ("v4" or "v4,v6"): the IPv4 one."""
+    v4 = ipv4_cidrs([text], flag) if text else []
     if len(v4) > 1:
         raise KxlbError(f"{flag} {text!r}: more than one IPv4 CIDR")
     return v4[0] if v4 else None

@@ -39,23 +39,29 @@ def decode_node(obj: dict) -> NodeInfo:
     return NodeInfo(name=name, ips=tuple(ips), zone=(md.get("labels") or {}).get(ZONE_LABEL), pod_cidr=pod_cidr)
 
 
-def parse_nodeport_cidrs(values: list[str]) -> tuple[str, ...]:
-    """--nodeport-addresses: "primary" (the default) or IPv4 CIDRs, comma-separated or
-    repeated. Returns the CIDRs; () for primary."""
-    items = [v.strip() for raw in values for v in raw.split(",") if v.strip()]
-    if not items or items == ["primary"]:
-        return ()
+def ipv4_cidrs(items: list[str], flag: str) -> list[str]:
+    """The IPv4 CIDRs of a kube-proxy CIDR list (comma-separated and/or repeated; the IPv6
+    ones are the IPv6 datapath's business); a clear error naming ``flag`` otherwise."""
     out = []
-    for v in items:
-        if v == "primary":
-            raise KxlbError("--nodeport-addresses: 'primary' cannot be combined with CIDRs")
+    for v in (v.strip() for raw in items for v in raw.split(",") if v.strip()):
         try:
             net = ipaddress.ip_network(v, strict=False)
         except ValueError:
-            raise KxlbError(f"--nodeport-addresses: {v!r} is not a CIDR") from None
+            raise KxlbError(f"{flag}: {v!r} is not a CIDR") from None
         if net.version == 4:
             out.append(str(net))
-    return tuple(out)
+    return out
+
+
+def parse_nodeport_cidrs(values: list[str]) -> tuple[str, ...]:
+    """--nodeport-addresses: "primary" (the default) or CIDRs. Returns the IPv4 CIDRs;
+    () for primary."""
+    items = [v.strip() for raw in values for v in raw.split(",") if v.strip()]
+    if not items or items == ["primary"]:
+        return ()
+    if "primary" in items:
+        raise KxlbError("--nodeport-addresses: 'primary' cannot be combined with CIDRs")
+    return tuple(ipv4_cidrs(items, "--nodeport-addresses"))
 
 
 def nodeport_addresses(cidrs: tuple[str, ...], netns: str | None) -> tuple[str, ...]:

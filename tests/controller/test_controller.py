@@ -150,6 +150,14 @@ def test_host_network_processes_reach_services_through_socket_hooks(api, ns, lab
     assert name in {"be0", "be1", "be2"} and peer == ip
 
 
+def on_node(controller, lab, code: str, *args: str) -> subprocess.CompletedProcess:
+    """Run Python ``code`` as a host-network process of the node: in its cgroup (the socket
+    hooks) first, as `ip netns exec` hides the host's /sys, then in its netns."""
+    return subprocess.run(["sh", "-c", f"echo $$ > {controller.cgroup}/cgroup.procs && exec ip netns exec {lab.node} "
+                           f"{sys.executable} -c \"$0\" \"$@\"", code, *args], capture_output=True, text=True,
+                          timeout=30)
+
+
 def test_session_affinity_holds_for_host_network_processes(api, ns, lab, controller):
     """sessionAffinity ClientIP in the socket hooks: the node is one client, so every new
     connection from its processes goes to the same backend."""
@@ -161,8 +169,7 @@ def test_session_affinity_holds_for_host_network_processes(api, ns, lab, control
             "for _ in range(12):\n"
             "    c = socket.create_connection((sys.argv[1], 80), timeout=3); c.sendall(b'hi\\n')\n"
             "    print(c.recv(100).decode().split()[0]); c.close()\n")
-    r = subprocess.run(["sh", "-c", f"echo $$ > {controller.cgroup}/cgroup.procs && exec ip netns exec {lab.node} "
-                        f"{sys.executable} -c \"$0\" {ip}", code], capture_output=True, text=True, timeout=30)
+    r = on_node(controller, lab, code, ip)
     names = r.stdout.split()
     assert len(names) == 12 and len(set(names)) == 1 and names[0] in {"be0", "be1", "be2"}, (r.stdout, r.stderr)
 
@@ -180,9 +187,7 @@ def test_host_network_connect_fails_as_kube_proxy_would(api, ns, lab, controller
             "for ip in sys.argv[1:]:\n"
             "    try: socket.create_connection((ip, 80), timeout=10); print('connected')\n"
             "    except OSError as e: print(errno.errorcode.get(e.errno, e))\n")
-    r = subprocess.run(["sh", "-c", f"echo $$ > {controller.cgroup}/cgroup.procs && exec ip netns exec {lab.node} "
-                        f"{sys.executable} -c \"$0\" {empty['spec']['clusterIP']} {local['spec']['clusterIP']}", code],
-                       capture_output=True, text=True, timeout=20)
+    r = on_node(controller, lab, code, empty["spec"]["clusterIP"], local["spec"]["clusterIP"])
     assert r.stdout.split() == ["ECONNREFUSED", "ETIMEDOUT"], (r.stdout, r.stderr)
     # kube-proxy's gauge: one service port whose Local policy has no local endpoint.
     assert controller.metric("kxlb_sync_proxy_rules_no_local_endpoints_total", traffic_policy="internal") == 1

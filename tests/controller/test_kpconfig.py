@@ -133,3 +133,17 @@ def test_the_command_line_reports_a_bad_config_in_one_line(tmp_path):
     f.write_text(KUBEADM.replace("detectLocalMode: \"\"", "detectLocalMode: BridgeInterface"))
     r = subprocess.run([sys.executable, "-m", "kxlb", "controller", "--config", str(f)], capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("kxlb: error: --config: detectLocalMode")
+
+
+def test_cidr_flags_take_the_ipv4_cidrs_and_name_the_flag_on_errors():
+    from kxlb.controller.main import ipv4_cidr_of
+    from kxlb.controller.node import parse_nodeport_cidrs
+
+    assert ipv4_cidr_of("10.244.0.0/16,fd00:10:244::/56", "--cluster-cidr") == "10.244.0.0/16"
+    assert ipv4_cidr_of("fd00::/48", "--cluster-cidr") is None
+    with pytest.raises(KxlbError, match="--cluster-cidr: 'ten' is not a CIDR"):
+        ipv4_cidr_of("ten", "--cluster-cidr")
+    assert parse_nodeport_cidrs([]) == () and parse_nodeport_cidrs(["primary"]) == ()
+    assert parse_nodeport_cidrs(["10.250.0.0/24,fd00::/64", "192.168.1.5/32"]) == ("10.250.0.0/24", "192.168.1.5/32")
+    with pytest.raises(KxlbError, match="'primary' cannot be combined"):
+        parse_nodeport_cidrs(["primary,10.0.0.0/8"])
