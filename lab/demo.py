@@ -48,6 +48,43 @@ def program_standalone(lab: Lab, vip: str, pods: list[dict]) -> None:
               f"{', '.join(ips)} (pins in {n.pin_dir})")
 
 
+def lb_demo(lab: Lab, node_of: dict, requests: int) -> None:
+    """Service demo/web (type LoadBalancer over the same pods): the lab's pool gives it an
+    IP; the outside client reaches it, and the NodePort of every node, with
+    externalTrafficPolicy Cluster (masqueraded), then Local (only the entry node's pods,
+    the client's address kept)."""
+    api = lab.api_client()
+    try:
+        kube.create_service(api, NS, "web", selector={"app": "echo"}, type="LoadBalancer",
+                            ports=[{"name": "tcp", "port": 80, "targetPort": "tcp", "protocol": "TCP"}])
+        svc = kube.wait_for(lambda: (lambda s: s if (s.get("status", {}).get("loadBalancer") or {}).get("ingress")
+                                     else None)(kube.read_service(api, NS, "web")), 30, "a load-balancer IP")
+        lb_ip, node_port = svc["status"]["loadBalancer"]["ingress"][0]["ip"], svc["spec"]["ports"][0]["nodePort"]
+        targets = [(f"LB IP {lb_ip}:80", lb_ip, 80)] + [(f"NodePort {n.ip}:{node_port} ({n.name})", n.ip, node_port)
+                                                        for n in lab.node_specs]
+        for policy in ("Cluster", "Local"):
+            kube.patch_service(api, NS, "web", {"spec": {"externalTrafficPolicy": policy}})
+            time.sleep(1.0)  # the proxies' sync
+            print(f"\nService demo/web: LoadBalancer {lb_ip} (from the lab's pool), externalTrafficPolicy {policy}; "
+                  f"the external client asks each pod which client address it saw:")
+            for what, addr, port in targets:
+                seen = Counter()
+                for _ in range(requests):
+                    try:
+                        with tcp_connect(lab.client_ns, addr, port, timeout=1.0) as s:
+                            who, peer = tcp_exchange(s, "clientip").split()[:2]
+                        seen[f"{who} (on {node_of.get(who, '?')}) saw {peer.rsplit(':', 1)[0]}"] += 1
+                    except OSError as exc:
+                        seen[f"no answer ({type(exc).__name__})"] += 1
+                print(f"  {what}:")
+                for k, v in sorted(seen.items()):
+                    print(f"    {v} x {k}")
+        print(f"  (Cluster: any pod, the client masqueraded to a node address; Local: only the entry node's pods, "
+              f"the client's own address {lab.client_ip} kept)")
+    finally:
+        api.close()
+
+
 def run(workdir=DEFAULT_WORKDIR, proxy: str | None = None, requests: int = 6, replicas: int = 3,
         build: bool = True) -> None:
     """*proxy* None: the running lab's, else kxlb."""
@@ -122,6 +159,8 @@ def run(workdir=DEFAULT_WORKDIR, proxy: str | None = None, requests: int = 6, re
               f"{entry.name}; when the proxy ({mode}) does not SNAT that traffic, a pod on another node answers "
               f"the client directly, not through {entry.name}, and the client drops the reply: only pods on "
               f"{entry.name} answer.")
+    if mode != "none":
+        lb_demo(lab, node_of, requests)
     kc = lab.kubeconfig
     wd = f" --workdir {lab.workdir}" if str(lab.workdir) != str(DEFAULT_WORKDIR) else ""
     print(f"""

@@ -162,6 +162,14 @@ def create_pod(api, ns: str, name: str, *, labels: Optional[dict] = None, ports:
     return _json(_core(api).create_namespaced_pod(ns, body, _preload_content=False))
 
 
+def read_service(api, ns: str, name: str) -> dict:
+    return _json(_core(api).read_namespaced_service(name, ns, _preload_content=False))
+
+
+def patch_service(api, ns: str, name: str, patch: dict) -> dict:
+    return _json(_core(api).patch_namespaced_service(name, ns, patch, _preload_content=False))
+
+
 def create_service(api, ns: str, name: str, selector: Optional[dict] = None, ports: Optional[list] = None,
                    type: str = "ClusterIP", **spec) -> dict:
     """A Service (default: selector app=<name>, ECHO_SERVICE_PORTS, ClusterIP). Extra

@@ -214,3 +214,20 @@ def test_kube_proxy_clusterip_reference(kube_proxy, k8s):
                                               capture_output=True, text=True).stdout
     with pytest.raises(OSError):
         tcp_request(cns, vip, 80)
+
+
+def test_the_readme_demo_runs_on_the_lab(lab, capsys):
+    """`make demo` (README's first command) against the session lab with kxlb: every
+    request answered, and the LoadBalancer part shows eTP Local keeping the client's
+    address while eTP Cluster masquerades it."""
+    from kxlb.lab import demo
+
+    lab.set_proxy("kxlb")
+    try:
+        demo.run(workdir=lab.workdir, requests=4, build=False)
+    finally:
+        lab.set_proxy("none")
+    out = capsys.readouterr().out
+    assert "no answer" not in out and "unanswered 0" in out, out
+    cluster, local = out.split("externalTrafficPolicy Cluster")[1].split("externalTrafficPolicy Local")
+    assert f"saw {lab.client_ip}" not in cluster and f"saw {lab.client_ip}" in local, out
