@@ -11,6 +11,7 @@ import gc
 import logging
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 from kxlb.loader.errors import KxlbError
@@ -91,6 +92,10 @@ class Controller:
         self._force_full = True          # the first sync, and the one after a failure
         self._last_queued = 0.0
         self._slice_changes = 0          # EndpointSlice events since the last sync
+        self._health_checks: dict[str, tuple[int, int]] = {}   # over every Service's fragment
+        self._udp_serving: dict = {}
+        self._no_local: Counter = Counter({"internal": 0, "external": 0})
+        self._service_state_changed = True
         # Read at scrape time: nothing to do per event.
         self.metrics.last_queued.set_function(lambda: self._last_queued)
         self.metrics.service_changes_pending.set_function(lambda: len(self._dirty))
@@ -300,6 +305,8 @@ class Controller:
             work = [(sid, self.services.get(sid), list(self.slices_by_service.get(sid, {}).values())) for sid in ids]
             triggers = [self._triggers.pop(sid) for sid in ids if sid in self._triggers]
         node = self._node_ctx = self.node_context() if full or self._node_ctx is None else self._node_ctx
+        if full:
+            self._service_state_changed = True  # listen addresses may have changed too
         desired: dict = {}
         scope: set = set()
         for sid, svc, slices in work:
@@ -312,6 +319,7 @@ class Controller:
             for reason in frag.skipped:
                 log.warning("skipping %s", reason)
                 self.metrics.objects_skipped.labels("ServicePort").inc()
+            self._account_fragment(old, frag)
             if svc is None:
                 self.fragments.pop(sid, None)
             else:
@@ -322,7 +330,7 @@ class Controller:
             log.error("not programmed: %s", msg)
             self.metrics.objects_skipped.labels("MapWrite").inc()
         self._clean_udp_conntrack()
-        if work:
+        if self._service_state_changed:
             self._publish_service_state(node)
         elapsed = time.perf_counter() - t0
         self.metrics.sync_duration.observe(elapsed)
@@ -343,32 +351,44 @@ class Controller:
             raise SyncIncomplete(f"{len(res.failed)} service ports not written: {res.failed[0]}")
         return res
 
+    def _account_fragment(self, old: Desired | None, new: Desired) -> None:
+        """Keep the per-Service aggregates (health checks, no-local counts, UDP serving
+        sets) up to date by difference, so a sync costs what changed, not every Service."""
+        if old is not None:
+            for k in old.health_checks:
+                self._health_checks.pop(k, None)
+            for k in old.udp_serving:
+                self._udp_serving.pop(k, None)
+            self._no_local.subtract(old.no_local)
+        self._health_checks.update(new.health_checks)
+        self._udp_serving.update(new.udp_serving)
+        self._no_local.update(new.no_local)
+        if (old is not None and (old.health_checks or any(old.no_local.values()))) or new.health_checks or \
+                any(new.no_local.values()):
+            self._service_state_changed = True
+
     def _clean_udp_conntrack(self) -> None:
         """kube-proxy's rescan after every sync (controller/conntrack.py)."""
+        if not self._udp_serving:
+            return
         t0 = time.perf_counter()
         cur = self.programmer.current
-        ports = [(cur[k].spec, serving) for frag in self.fragments.values()
-                 for k, serving in frag.udp_serving.items() if k in cur]
+        ports = [(cur[k].spec, serving) for k, serving in self._udp_serving.items() if k in cur]
         n = clean_stale_udp_flows(self.maps, serving_by_frontend(ports))
-        if ports:
-            self.metrics.conntrack_reconcile.observe(time.perf_counter() - t0)
+        self.metrics.conntrack_reconcile.observe(time.perf_counter() - t0)
         if n:
             self.metrics.udp_flows_flushed.inc(n)
             log.info("deleted %d conntrack entries of UDP flows to endpoints no longer serving", n)
 
     def _publish_service_state(self, node: NodeContext) -> None:
         """What is per Service rather than per map entry: health check servers and the
-        no-local-endpoints gauges (summed over every Service's last fragment)."""
-        checks: dict[str, tuple[int, int]] = {}
-        no_local = {"internal": 0, "external": 0}
-        for frag in self.fragments.values():
-            checks.update(frag.health_checks)
-            for policy, n in frag.no_local.items():
-                no_local[policy] = no_local.get(policy, 0) + n
-        for policy, n in no_local.items():
-            self.metrics.no_local_endpoints.labels(policy).set(n)
+        no-local-endpoints gauges."""
+        self._service_state_changed = False
+        for policy in ("internal", "external"):
+            self.metrics.no_local_endpoints.labels(policy).set(self._no_local[policy])
         if self.healthchecks is not None:
-            self.healthchecks.sync(checks, node.nodeport_addresses if self.config.nodeport_addresses else ())
+            self.healthchecks.sync(dict(self._health_checks),
+                                   node.nodeport_addresses if self.config.nodeport_addresses else ())
 
     def _apply_config(self) -> None:
         with self._lock:
