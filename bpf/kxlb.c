@@ -89,7 +89,9 @@ static __always_inline __u8 packet_origin(const struct lb_config *cfg, __be32 sa
 static __always_inline int reject_or_drop(void *data, void *data_end, const struct pkt *p,
 					  struct reject_info *ri)
 {
-	if (!p->frag && reject_save(data, data_end, ri) == 0)
+	/* Not a fragment (nothing to quote), and never an ICMP error about an ICMP error
+	 * (RFC 1122 3.2.2; the kernel's icmp_send behind kube-proxy's reject refuses too). */
+	if (!p->frag && !(p->proto == IPPROTO_ICMP && icmp_is_error(p)) && reject_save(data, data_end, ri) == 0)
 		return LB_REJECT;
 	return LB_DROP;
 }

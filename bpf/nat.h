@@ -142,6 +142,13 @@ static __always_inline int nat_apply_xdp(void *data, void *data_end, const struc
  *  - REV hit: a backend (or a router on its way) complains about a packet the client
  *    sent: inner destination backend -> VIP:port, outer source backend -> VIP.
  * Returns 1 when translated, 0 when not ours (passed untouched). */
+/* An ICMP error message (RFC 1122 3.2.2: never answered with another ICMP error). */
+static __always_inline int icmp_is_error(const struct pkt *p)
+{
+	return p->icmp_type == ICMP_DEST_UNREACH || p->icmp_type == ICMP_TIME_EXCEEDED ||
+	       p->icmp_type == ICMP_PARAMETERPROB;
+}
+
 static __always_inline int icmp_error_nat(void *data, void *data_end, const struct pkt *p, __u64 now)
 {
 	struct iphdr *ip = data + ETH_HLEN_;
@@ -152,8 +159,7 @@ static __always_inline int icmp_error_nat(void *data, void *data_end, const stru
 	struct ct_entry *e;
 	__u8 fwd;
 
-	if (p->icmp_type != ICMP_DEST_UNREACH && p->icmp_type != ICMP_TIME_EXCEEDED &&
-	    p->icmp_type != ICMP_PARAMETERPROB)
+	if (!icmp_is_error(p))
 		return 0;
 	if ((void *)(ip + 1) > data_end)
 		return 0;

@@ -96,10 +96,12 @@ class Controller:
         self._udp_serving: dict = {}
         self._no_local: Counter = Counter({"internal": 0, "external": 0})
         self._service_state_changed = True
+        self._udp_changed = False
         # Read at scrape time: nothing to do per event.
         self.metrics.last_queued.set_function(lambda: self._last_queued)
         self.metrics.service_changes_pending.set_function(lambda: len(self._dirty))
         self.metrics.endpoint_changes_pending.set_function(lambda: self._slice_changes)
+        self.metrics.endpoints_programmed.set_function(lambda: self.programmer.table.slots_used)
         self._next_full = 0.0
         self._started = time.time()      # network-programming latency: only changes after this
         self.health = ProxyHealth(2 * config.reconcile_period)
@@ -259,6 +261,7 @@ class Controller:
                 break
             self._stop.wait(0.05)
         if not self._stop.is_set():
+            self.health.updated()  # as kube-proxy's SyncLoop: healthy from here, until a change waits too long
             self.runner.loop()
 
     def _run_once(self) -> None:
@@ -329,7 +332,7 @@ class Controller:
         for msg in res.failed:
             log.error("not programmed: %s", msg)
             self.metrics.objects_skipped.labels("MapWrite").inc()
-        self._clean_udp_conntrack()
+        self._clean_udp_conntrack(full)
         if self._service_state_changed:
             self._publish_service_state(node)
         elapsed = time.perf_counter() - t0
@@ -342,7 +345,6 @@ class Controller:
                 self.metrics.network_programming.observe(max(0.0, now - t))
         cur = self.programmer.current
         self.metrics.services_programmed.set(len(cur))
-        self.metrics.endpoints_programmed.set(sum(len(s.spec.cluster) + len(s.spec.local) for s in cur.values()))
         self.syncs += 1
         if res.changed:
             log.info("%s sync: %d added, %d updated, %d deleted in %.1f ms", "full" if full else "partial",
@@ -355,22 +357,31 @@ class Controller:
         """Keep the per-Service aggregates (health checks, no-local counts, UDP serving
         sets) up to date by difference, so a sync costs what changed, not every Service."""
         if old is not None:
-            for k in old.health_checks:
-                self._health_checks.pop(k, None)
-            for k in old.udp_serving:
-                self._udp_serving.pop(k, None)
+            # Only what is still old's: another Service in this sync may already have
+            # taken the same key (a Service deleted and recreated under the same cluster IP).
+            for k, v in old.health_checks.items():
+                if self._health_checks.get(k) is v:
+                    del self._health_checks[k]
+            for k, v in old.udp_serving.items():
+                if self._udp_serving.get(k) is v:
+                    del self._udp_serving[k]
             self._no_local.subtract(old.no_local)
         self._health_checks.update(new.health_checks)
         self._udp_serving.update(new.udp_serving)
+        if (old.udp_serving if old is not None else {}) != new.udp_serving:
+            self._udp_changed = True
         self._no_local.update(new.no_local)
         if (old is not None and (old.health_checks or any(old.no_local.values()))) or new.health_checks or \
                 any(new.no_local.values()):
             self._service_state_changed = True
 
-    def _clean_udp_conntrack(self) -> None:
-        """kube-proxy's rescan after every sync (controller/conntrack.py)."""
-        if not self._udp_serving:
+    def _clean_udp_conntrack(self, full: bool) -> None:
+        """kube-proxy rescans after every sync (controller/conntrack.py); a stale flow can
+        only appear when a serving set changes (or one raced the write of the change), so
+        the scan runs on those syncs and on every full one."""
+        if not self._udp_serving or not (full or self._udp_changed):
             return
+        self._udp_changed = False
         t0 = time.perf_counter()
         cur = self.programmer.current
         ports = [(cur[k].spec, serving) for k, serving in self._udp_serving.items() if k in cur]

@@ -37,8 +37,10 @@ class ProxyHealth:
         self.counts: dict[tuple[str, int], int] = {}  # (endpoint, code) -> requests
 
     def queued_update(self) -> None:
-        if self._oldest_pending is not None:
-            return  # already pending: nothing to record (no lock on the per-event path)
+        if self._oldest_pending is not None or self._last_updated is None:
+            # Already pending; or still starting (kube-proxy queues only once its sync loop
+            # runs: a slow initial list must not get the proxy restarted).
+            return
         with self._lock:
             if self._oldest_pending is None:
                 self._oldest_pending = self.clock()

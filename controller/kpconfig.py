@@ -85,13 +85,15 @@ def parse(doc: dict) -> FileSettings:
         raise KxlbError(f"--config: mode {mode!r}: kxlb replaces kube-proxy's Linux backends only")
     if mode:
         log.info("--config: mode %s: kxlb's eBPF datapath serves instead", mode)
-    # The sync settings of the backend the file selects (nftables, else iptables: its default).
-    backend = doc.get("nftables" if mode == "nftables" else "iptables") or {}
-    if backend.get("syncPeriod"):
-        s.reconcile_period = go_duration(backend["syncPeriod"], f"{'nftables' if mode == 'nftables' else 'iptables'}.syncPeriod")
-    if backend.get("minSyncPeriod"):
-        s.min_sync_period = go_duration(backend["minSyncPeriod"], "minSyncPeriod")
-    if backend.get("masqueradeAll") or (doc.get("iptables") or {}).get("masqueradeAll"):
+    # kube-proxy's conversion: the sync settings of the backend the mode selects (iptables
+    # when unset); masqueradeAll from nftables in nftables mode, else from iptables.
+    section = {"nftables": "nftables", "ipvs": "ipvs"}.get(mode, "iptables")
+    backend = doc.get(section) or {}
+    # A zero duration ("0s", kubeadm's placeholder) means not set.
+    s.reconcile_period = go_duration(backend.get("syncPeriod"), f"{section}.syncPeriod") or None
+    s.min_sync_period = go_duration(backend.get("minSyncPeriod"), f"{section}.minSyncPeriod") or None
+    masq = doc.get("nftables" if mode == "nftables" else "iptables") or {}
+    if masq.get("masqueradeAll"):
         s.masquerade_all = True
     dl = doc.get("detectLocalMode") or ""
     if dl in ("InterfaceNamePrefix", "BridgeInterface"):

@@ -7,6 +7,7 @@ back, so a failed command leaves the maps as they were.
 from __future__ import annotations
 
 import ctypes
+import logging
 import ipaddress
 import socket
 import struct
@@ -20,6 +21,8 @@ from .layout import (C, DP_COUNTERS, Backend, BackendKey, LbConfig, ServiceKey, 
                      ip_to_raw, parse_ipv4, raw_to_ip, raw_to_port)
 from .maps import Maps
 from .svcspec import Frontend, Kind, LbService
+
+log = logging.getLogger("kxlb.loader")
 
 MAX_PER_SVC = C["MAX_BACKENDS_PER_SVC"]
 MARKER = C["KIND_MARKER"]
@@ -102,7 +105,13 @@ class ServiceTable:
         self._ids: set[int] = set()
         self._slots_used = 0
         self._entries = 0
+        self._ranges_used = 0
         self._vip_users: Counter[str] = Counter()   # cluster IP -> service ports on it (markers)
+
+    @property
+    def slots_used(self) -> int:
+        """Backend slots in the maps (every generation being written included)."""
+        return self._slots_used if self._states is not None else 0
 
     def forget(self) -> None:
         """Re-read the maps on next use."""
@@ -127,6 +136,7 @@ class ServiceTable:
         self._ids = {st.svc_id for st in actual.values()}
         self._slots_used = len(self.maps.backends.items())
         self._entries = len(self.maps.services.items())  # frontends and markers
+        self._ranges_used = sum(len(st.spec.source_ranges) for st in actual.values())
 
     def sync_markers(self) -> None:
         """Rewrite every cluster IP's marker entry (after edits behind our back)."""
@@ -203,7 +213,7 @@ class ServiceTable:
         return tuple(Backend.from_c(b) for b in bs if b is not None)
 
     # --- writing ------------------------------------------------------------------------
-    def _check_capacity(self, services: int, slots: int, entries: int = 0) -> None:
+    def _check_capacity(self, services: int, slots: int, entries: int = 0, ranges: int = 0) -> None:
         capacity = self.maps.svc_stats.max_entries
         if len(self._ids) + services > capacity - 1:  # svc_id 0 is never used
             raise KxlbError(f"service map full: {len(self._ids)} of {capacity - 1} service ports used, "
@@ -211,6 +221,9 @@ class ServiceTable:
         if self._slots_used + slots > self.maps.backends.max_entries:
             raise KxlbError(f"backend map full: {self._slots_used} of {self.maps.backends.max_entries} slots "
                             f"used, {slots} more needed")
+        if ranges > 0 and self._ranges_used + ranges > self.maps.src_ranges.max_entries:
+            raise KxlbError(f"source range map full: {self._ranges_used} of {self.maps.src_ranges.max_entries} "
+                            f"loadBalancerSourceRanges used, {ranges} more needed")
         if self._entries + entries > self.maps.services.max_entries:
             raise KxlbError(f"frontend map full: {self._entries} of {self.maps.services.max_entries} entries "
                             f"used, {entries} more needed")
@@ -258,10 +271,11 @@ class ServiceTable:
     def _put_ranges(self, svc_id: int, cidrs: Iterable[str]) -> None:
         for c in cidrs:
             self.maps.src_ranges.put(_range_key(svc_id, c), ctypes.c_uint8(1))
+            self._ranges_used += 1
 
     def _delete_ranges(self, svc_id: int, cidrs: Iterable[str]) -> None:
         for c in cidrs:
-            self.maps.src_ranges.delete(_range_key(svc_id, c))
+            self._ranges_used -= self.maps.src_ranges.delete(_range_key(svc_id, c))
 
     def _sync_marker(self, vip: str) -> None:
         """A marker entry exists for a cluster IP exactly while some service port uses it."""
@@ -297,11 +311,19 @@ class ServiceTable:
         svc_id, gen = cur.svc_id, cur.gen
         sets_changed = (old.cluster, old.local) != (spec.cluster, spec.local)
         added_entries = len(spec.frontends) - len(old.frontends)
-        self._check_capacity(0, len(spec.cluster) + len(spec.local) if sets_changed else 0, added_entries)
+        new_ranges = set(spec.source_ranges) - set(old.source_ranges)
+        self._check_capacity(0, len(spec.cluster) + len(spec.local) if sets_changed else 0, added_entries,
+                             len(new_ranges))
         if sets_changed:
             gen = 1 - cur.gen
             self._write_slots(spec, svc_id, gen)               # 1. invisible new generation
-        self._put_ranges(svc_id, set(spec.source_ranges) - set(old.source_ranges))
+        try:
+            self._put_ranges(svc_id, new_ranges)
+        except OSError as exc:
+            self._delete_ranges(svc_id, new_ranges)
+            if sets_changed:
+                self._delete_slots(spec, svc_id, gen)
+            raise MapWriteError(f"service {spec.label}: writing source ranges failed: {exc}") from None
         gone = {fe.key for fe in old.frontends} - {fe.key for fe in spec.frontends}
         for k in gone:                                         # 2a. frontends that went
             self.maps.services.delete(k.to_c())
@@ -329,7 +351,8 @@ class ServiceTable:
         return st
 
     def _add(self, spec: LbService) -> ServiceState:
-        self._check_capacity(1, len(spec.cluster) + len(spec.local), len(spec.all_frontends) + 1)
+        self._check_capacity(1, len(spec.cluster) + len(spec.local), len(spec.all_frontends) + 1,
+                             len(spec.source_ranges))
         capacity = self.maps.svc_stats.max_entries
         svc_id = next(i for i in range(1, capacity) if i not in self._ids)
         # 1. fresh counters, 2. slots and ranges, 3. the entries that make them reachable.
@@ -378,7 +401,8 @@ class ServiceTable:
                     raise KxlbError(f"service {s.label}: frontend {fe} is listed by another service too")
                 seen.add(fe.key)
         n_slots = sum(len(s.cluster) + len(s.local) for s in checked)
-        self._check_capacity(len(checked), n_slots, len(seen) + len({s.key.vip for s in checked}))
+        self._check_capacity(len(checked), n_slots, len(seen) + len({s.key.vip for s in checked}),
+                             sum(len(s.source_ranges) for s in checked))
         capacity = self.maps.svc_stats.max_entries
         free = (i for i in range(1, capacity) if i not in self._ids)
         states = [ServiceState(s.key, next(free), 0, s) for s in checked]
@@ -393,6 +417,9 @@ class ServiceTable:
                 svc_keys.append(_svc_key(fe.key))
                 svc_vals.append(_svc_value(st.spec, fe.kind, st.svc_id, 0))
         try:
+            # Fresh counters for ids a deleted service may have used, then slots, ranges, entries.
+            for st in states:
+                self.maps.svc_stats.put(ctypes.c_uint32(st.svc_id), SvcCounters())
             self.maps.backends.put_many_raw(b"".join(slot_keys), b"".join(slot_vals), n_slots)
             for st in states:
                 self._put_ranges(st.svc_id, st.spec.source_ranges)
@@ -412,9 +439,15 @@ class ServiceTable:
             self._remember(st)
         # Markers of cluster IPs that had none, in one batch (a full sync adds thousands).
         marker = bytes(SvcValue(kind=MARKER))
-        self.maps.services.put_many_raw(b"".join(_svc_key(ServiceKey(v, 0, 0)) for v in new_vips),
-                                        marker * len(new_vips), len(new_vips))
-        self._entries += len(new_vips)
+        try:
+            self.maps.services.put_many_raw(b"".join(_svc_key(ServiceKey(v, 0, 0)) for v in new_vips),
+                                            marker * len(new_vips), len(new_vips))
+        except OSError as exc:
+            # The service ports are in and serve; only undefined ports of these cluster IPs
+            # are not rejected until sync_markers() (the controller's reconcile) rewrites them.
+            log.warning("writing %d cluster IP markers failed: %s", len(new_vips), exc)
+        else:
+            self._entries += len(new_vips)
         return states
 
     def delete(self, key: ServiceKey) -> None:

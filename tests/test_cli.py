@@ -29,9 +29,11 @@ def listing(pin_dir):
 
 @pytest.fixture(scope="module")
 def small_dp(pin_dirs):
-    """A datapath with tiny maps: 3 services (ids 1..3), 6 backend slots, 12 frontends."""
+    """A datapath with tiny maps: 3 services (ids 1..3), 6 backend slots, 12 frontends,
+    2 source ranges."""
     pin = pin_dirs()
-    dp = compile_datapath(pin, ["-DKXLB_MAX_SERVICES=4", "-DKXLB_MAX_BACKEND_SLOTS=6", "-DKXLB_MAX_FRONTENDS=12"])
+    dp = compile_datapath(pin, ["-DKXLB_MAX_SERVICES=4", "-DKXLB_MAX_BACKEND_SLOTS=6", "-DKXLB_MAX_FRONTENDS=12",
+                                "-DKXLB_SRC_RANGE_ENTRIES=2"])
     yield pin, dp
 
 
@@ -120,6 +122,11 @@ def test_service_add_with_every_frontend_kind_and_option(pin):
     assert r.returncode == 1 and "203.0.113.7:443/tcp (ExternalIP) is already served by" in r.stderr
     r = kxlb(pin, "service", "add", "10.96.0.12:443/tcp", "--source-range", "300.0.0.0/8")
     assert r.returncode == 1 and "source range '300.0.0.0/8'" in r.stderr
+    before = listing(pin)
+    r = kxlb(pin, "service", "add", "10.96.0.12:443/tcp", "--load-balancer-ip", "198.51.100.6",
+             *[a for c in ("192.0.2.0/24", "198.18.0.0/15") for a in ("--source-range", c)])
+    assert r.returncode == 1 and "source range map full: 1 of 2" in r.stderr, r.stderr
+    assert listing(pin) == before
 
 
 def test_help_lists_every_command():

@@ -311,3 +311,22 @@ def test_two_services_claiming_one_external_ip_both_serve_and_the_frontend_moves
     prog.apply({loser.key: loser, winner.key: replace(winner, frontends=())})
     assert table.maps.services.get(ext.key.to_c()).svc_id == prog.current[loser.key].svc_id
     assert prog.current[loser.key].spec.frontends == (ext,)
+
+
+def test_an_icmp_error_to_a_live_cluster_ip_is_dropped_not_answered(hook, table):
+    """RFC 1122 3.2.2: no ICMP error about an ICMP error (an echo still gets one)."""
+    table.put(svc())
+    quoted = IP(src=CIP, dst=POD) / UDP(sport=PORT, dport=40999)
+    err = eth(IP(src=POD, dst=CIP) / ICMP(type=3, code=3) / bytes(quoted)[:28])
+    assert hook.run(err)[0] == hook.dropped
+    verdict, out = hook.run(eth(IP(src=POD, dst=CIP) / ICMP(type=8) / b"ping"))
+    assert verdict == hook.sent_back
+
+
+def test_a_reused_service_id_starts_with_zero_counters(hook, table):
+    first = table.add_many([svc(frontends=())])[0]
+    forwarded(hook, CIP, PORT)
+    assert table.counters(first.svc_id).new_flows == 1
+    table.delete(KEY)
+    second = table.add_many([svc(key=ServiceKey("10.96.0.30", PORT, 6), frontends=())])[0]
+    assert second.svc_id == first.svc_id and table.counters(second.svc_id).new_flows == 0

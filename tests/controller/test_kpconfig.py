@@ -124,6 +124,14 @@ def test_what_cannot_be_honoured_is_a_clear_error_naming_the_field(tmp_path, cha
         load(str(f))
 
 
+def test_the_sync_settings_come_from_the_section_of_the_mode(tmp_path):
+    f = tmp_path / "config.conf"
+    f.write_text(KUBEADM.replace("mode: nftables", "mode: ipvs").replace("  syncPeriod: 0s\n  tcpFinTimeout",
+                                                                      "  syncPeriod: 45s\n  tcpFinTimeout"))
+    s = load(str(f))
+    assert (s.reconcile_period, s.min_sync_period, s.masquerade_all) == (45.0, None, None)
+
+
 def test_durations_as_go_writes_them():
     assert [go_duration(t, "f") for t in ("30s", "1m0s", "500ms", "1h2m3s", "0s", "")] == [30, 60, 0.5, 3723, 0, 0]
 

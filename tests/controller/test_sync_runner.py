@@ -85,7 +85,10 @@ def test_health_turns_503_when_a_change_waits_longer_than_the_timeout():
     clock = Clock()
     h = ProxyHealth(health_timeout=60, clock=clock)
     h.set_node({"metadata": {"name": "n"}})
+    h.queued_update()
+    clock.t += 3600  # starting: changes queued before the sync loop runs do not count
     assert h.answer("/livez")[0] == 200 and h.answer("/healthz")[0] == 200
+    h.updated()      # the sync loop starts
     h.queued_update()
     clock.t += 59
     assert h.answer("/livez")[0] == 200
