@@ -43,6 +43,7 @@ class FileSettings:
     nodeport_addresses: list[str] | None = None
     min_sync_period: float | None = None
     reconcile_period: float | None = None
+    full_sync_period: float | None = None   # not in KubeProxyConfiguration (kube-proxy: fixed 1 h)
     masquerade_all: bool | None = None
     detect_local: str | None = None     # ClusterCIDR or NodeCIDR
 

@@ -83,7 +83,7 @@ def api_client(kubeconfig: str | None):
     return k8s.ApiClient(cfg)
 
 
-DEFAULTS = {"min_sync_period": 0.0, "reconcile_period": 30.0, "metrics_bind_address": "127.0.0.1:10249",
+DEFAULTS = {"min_sync_period": 0.0, "reconcile_period": 30.0, "full_sync_period": 3600.0, "metrics_bind_address": "127.0.0.1:10249",
             "healthz_bind_address": "0.0.0.0:10256", "masquerade_all": False, "nodeport_addresses": [],
             "node_name": None, "kubeconfig": None, "cluster_cidr": None, "detect_local": None}
 
@@ -129,6 +129,7 @@ def run(a) -> None:
     ctl = Controller(client, maps, ControllerConfig(node_name=a.node_name, min_sync_period=a.min_sync_period,
                                                     detect_local_node_cidr=a.detect_local == "NodeCIDR",
                                                     reconcile_period=a.reconcile_period,
+                                                    full_sync_period=a.full_sync_period,
                                                     cluster_cidr=ipv4_cidr_of(a.cluster_cidr, "--cluster-cidr"),
                                                     masquerade_address=a.masquerade_address,
                                                     masquerade_all=a.masquerade_all,
@@ -214,8 +215,11 @@ def register(sub) -> None:
                    help=f"seconds between two syncs at least; changes meanwhile are coalesced (default "
                         f"{DEFAULTS['min_sync_period']})")
     p.add_argument("--reconcile-period", type=float,
-                   help=f"seconds between full resyncs with drift repair of the maps (kube-proxy's syncPeriod; "
-                        f"default {DEFAULTS['reconcile_period']})")
+                   help=f"seconds between two runs of the sync loop at most (kube-proxy's syncPeriod; also half "
+                        f"the health timeout; default {DEFAULTS['reconcile_period']})")
+    p.add_argument("--full-sync-period", type=float,
+                   help=f"seconds between full resyncs with drift repair of the maps (kube-proxy's "
+                        f"FullSyncPeriod; default {DEFAULTS['full_sync_period']:g})")
     p.add_argument("--metrics-bind-address",
                    help=f"HOST:PORT for /metrics, /proxyMode, /healthz, /livez, /readyz (default "
                         f"{DEFAULTS['metrics_bind_address']})")

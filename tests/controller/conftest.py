@@ -85,7 +85,7 @@ class ControllerProcess:
         args = [sys.executable, "-m", "kxlb", "controller", "--node-name", "lab-node",
                 "--kubeconfig", str(self.cp.admin_kubeconfig), "--pin-dir", self.lab.pin_dir,
                 "--netns", self.lab.node, "--iface", "cli0", "--iface", "be*",
-                "--metrics-bind-address", f"127.0.0.1:{METRICS_PORT}", "--reconcile-period", "1",
+                "--metrics-bind-address", f"127.0.0.1:{METRICS_PORT}", "--reconcile-period", "1", "--full-sync-period", "1",
                 "--cgroup", self.cgroup, *self.extra]
         self.proc = subprocess.Popen(args, stdout=open(self.log, "a"), stderr=subprocess.STDOUT,
                                      start_new_session=True)

@@ -119,8 +119,8 @@ def inproc(cp, api, lab, ns):
     """A Controller in this process (real API server, real pinned maps)."""
     compile_datapath(lab.pin_dir)
     maps = Maps.open(lab.pin_dir)
-    ctl = Controller(api, maps, ControllerConfig(node_name="lab-node", reconcile_period=1.0, retry_initial=0.1,
-                                                 healthcheck_servers=False))
+    ctl = Controller(api, maps, ControllerConfig(node_name="lab-node", reconcile_period=1.0, full_sync_period=1.0,
+                                                 retry_initial=0.1, healthcheck_servers=False))
     ctl.start()
     wait(ctl.metrics.ready.is_set, 30, "first sync")
     yield ctl
@@ -193,7 +193,8 @@ def test_detect_local_node_cidr_takes_the_nodes_pod_cidr(cp, api, lab, ns):
     want = core.read_node("lab-node").spec.pod_cidr
     compile_datapath(lab.pin_dir)
     maps = Maps.open(lab.pin_dir)
-    ctl = Controller(api, maps, ControllerConfig(node_name="lab-node", reconcile_period=1.0, cluster_cidr="10.0.0.0/8",
+    ctl = Controller(api, maps, ControllerConfig(node_name="lab-node", reconcile_period=1.0, full_sync_period=1.0,
+                                                 cluster_cidr="10.0.0.0/8",
                                                  detect_local_node_cidr=True, healthcheck_servers=False))
     ctl.start()
     try:
