@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -154,6 +155,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--json", help="also write the result here")
     a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the control plane and lab are cleaned up
     r = run(a.services, a.rate, a.seconds)
     print("\n| services x 10 endpoints | start to all programmed s | churn updates/s | write start to maps p50 / p99 ms "
           "| write response to maps p50 / p99 ms | controller CPU cores | controller RSS MB |")
