@@ -13,7 +13,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -44,26 +43,15 @@ def cpu_seconds(pid: int) -> float:
 
 
 def run(n: int, rate: float, seconds: float) -> dict:
-    import conftest as c
-    from controller import _rss_mb, pct
-    from kubernetes import client, config
+    from controller import BenchCluster, _rss_mb, pct
+    from kubernetes import client
 
-    from kxlb.lab.controlplane import ControlPlane
-    from kxlb.lab.netlab import NetLab
     from kxlb.loader.layout import ServiceKey
     from kxlb.loader.maps import Maps
     from kxlb.loader.services import ServiceTable
 
-    cp = ControlPlane(Path("/tmp/kxlb-bench-churn-cp"), ports=c.PORTS.shifted(600), iface="kxlb-apichn0",
-                      advertise_address="10.254.0.6", controllers="*,-nodeipam,-nodelifecycle", log=lambda m: None)
-    cp.up()
-    lab = NetLab().up()
-    ctl = None
-    try:
-        cfg = client.Configuration()
-        config.load_kube_config(config_file=str(cp.admin_kubeconfig), client_configuration=cfg)
-        cfg.connection_pool_maxsize = 16
-        api = client.ApiClient(cfg)
+    with BenchCluster("/tmp/kxlb-bench-churn-cp", 600, "kxlb-apichn0", "10.254.0.6") as bc:
+        c, api = bc.c, bc.api
         client.CoreV1Api(api).create_namespace({"metadata": {"name": NS}})
         keys: list[ServiceKey] = [None] * n  # type: ignore[list-item]
 
@@ -74,13 +62,12 @@ def run(n: int, rate: float, seconds: float) -> dict:
         with ThreadPoolExecutor(8) as pool:
             list(tqdm(pool.map(make, range(n)), total=n, desc=f"creating {n} Services + slices", unit="svc"))
 
-        ctl = c.ControllerProcess(cp, lab)
         t0 = time.monotonic()
-        ctl.start(wait_ready=False)
+        ctl = bc.controller(wait_ready=False)
         while time.monotonic() - t0 < 600 and ctl.metric("kxlb_services_programmed") < n:
             time.sleep(0.1)
         initial = time.monotonic() - t0
-        table = ServiceTable(Maps.open(lab.pin_dir))
+        table = ServiceTable(Maps.open(bc.lab.pin_dir))
 
         # Churn: `rate` slice replacements a second; a poller times each one to the maps.
         pending: dict[int, tuple[float, str]] = {}
@@ -138,15 +125,6 @@ def run(n: int, rate: float, seconds: float) -> dict:
                 "after_p50_ms": pct(lat_after, 50) * 1000 if lat_after else float("nan"),
                 "after_p99_ms": pct(lat_after, 99) * 1000 if lat_after else float("nan"), "cpu_cores": cpu,
                 "rss_mb": _rss_mb(ctl.proc.pid), "lost": len(pending)}
-    finally:
-        if ctl:
-            ctl.kill()
-        subprocess.run([sys.executable, "-m", "kxlb", "--pin-dir", lab.pin_dir, "unload"], capture_output=True)
-        if ctl and os.path.isdir(ctl.cgroup):
-            os.rmdir(ctl.cgroup)
-        lab.down()
-        cp.down()
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -80,35 +80,74 @@ def full_sync(n: int) -> dict:
         shutil.rmtree(pin, ignore_errors=True)
 
 
+# --- a benchmark cluster ------------------------------------------------------------------------
+class BenchCluster:
+    """A real control plane, a netns node with `kxlb controller` (started by
+    ``controller()``), and an admin API client; everything removed on exit, also after a
+    failure. The controller tests' fixtures (tests/controller/conftest.py) do the work."""
+
+    def __init__(self, workdir: str, port_shift: int, iface: str, advertise_address: str):
+        sys.path.insert(0, str(ROOT / "tests" / "controller"))
+        import conftest as c  # the controller tests' fixtures, used here as plain code
+        from kxlb.lab.controlplane import ControlPlane
+
+        self.c = c
+        self.cp = ControlPlane(Path(workdir), ports=c.PORTS.shifted(port_shift), iface=iface,
+                               advertise_address=advertise_address, controllers="*,-nodeipam,-nodelifecycle",
+                               log=lambda m: None)
+        self.lab = self.ctl = self.api = None
+
+    def __enter__(self) -> "BenchCluster":
+        from kubernetes import client, config
+
+        from kxlb.lab.netlab import NetLab
+
+        self.cp.up()
+        try:
+            self.lab = NetLab().up()
+            cfg = client.Configuration()
+            config.load_kube_config(config_file=str(self.cp.admin_kubeconfig), client_configuration=cfg)
+            cfg.connection_pool_maxsize = 16
+            self.api = client.ApiClient(cfg)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def controller(self, wait_ready: bool = True):
+        self.ctl = self.c.ControllerProcess(self.cp, self.lab)
+        self.ctl.start(wait_ready=wait_ready)
+        return self.ctl
+
+    def __exit__(self, *exc) -> None:
+        if self.ctl:
+            self.ctl.kill()
+        if self.lab:
+            subprocess.run([sys.executable, "-m", "kxlb", "--pin-dir", self.lab.pin_dir, "unload"],
+                           capture_output=True)
+            if self.ctl and os.path.isdir(self.ctl.cgroup):
+                os.rmdir(self.ctl.cgroup)
+            self.lab.down()
+        self.cp.down()
+
+
 # --- 2. event to datapath ---------------------------------------------------------------------
 def event_latency(iterations: int, traffic_iterations: int) -> dict:
-    sys.path.insert(0, str(ROOT / "tests" / "controller"))
-    import conftest as c  # the controller tests' fixtures, used here as plain code
-    from kubernetes import client, config
+    from kubernetes import client
+
     from kxlb.lab.client import tcp_request
-    from kxlb.lab.controlplane import ControlPlane
-    from kxlb.lab.netlab import NetLab
     from kxlb.loader.layout import Backend, ServiceKey
     from kxlb.loader.maps import Maps
     from kxlb.loader.services import ServiceTable
 
-    cp = ControlPlane(Path("/tmp/kxlb-bench-cp"), ports=c.PORTS.shifted(500), iface="kxlb-apibch0",
-                      advertise_address="10.254.0.5", controllers="*,-nodeipam,-nodelifecycle", log=lambda m: None)
-    cp.up()
-    lab = NetLab().up()
-    ctl = None
-    try:
+    with BenchCluster("/tmp/kxlb-bench-cp", 500, "kxlb-apibch0", "10.254.0.5") as bc:
+        c, lab, api = bc.c, bc.lab, bc.api
         lab.start_servers(c.BACKEND_PORT)
-        ctl = c.ControllerProcess(cp, lab)
-        ctl.start()
-        cfg = client.Configuration()
-        config.load_kube_config(config_file=str(cp.admin_kubeconfig), client_configuration=cfg)
-        api = client.ApiClient(cfg)
+        ctl = bc.controller()
         client.CoreV1Api(api).create_namespace({"metadata": {"name": "bench"}})
         svc = c.make_service(api, "bench", "lat", [("http", 80, "TCP")], [(lab.backend_ip(0), c.READY)])
         key = ServiceKey(svc["spec"]["clusterIP"], 80, 6)
-        maps = Maps.open(lab.pin_dir)
-        table = ServiceTable(maps)
+        table = ServiceTable(Maps.open(lab.pin_dir))
         to_maps, to_traffic, after_write = [], [], []
         for i in range(iterations + traffic_iterations):
             target = (i + 1) % 2  # the only backend alternates: be1, be0, be1, ...
@@ -128,13 +167,6 @@ def event_latency(iterations: int, traffic_iterations: int) -> dict:
                 to_traffic.append(time.perf_counter() - t0)
         return {"maps": to_maps, "traffic": to_traffic, "after_write": after_write,
                 "controller_rss_mb": _rss_mb(ctl.proc.pid)}
-    finally:
-        if ctl:
-            ctl.kill()
-        subprocess.run([sys.executable, "-m", "kxlb", "--pin-dir", lab.pin_dir, "unload"], capture_output=True)
-        os.rmdir(ctl.cgroup) if ctl and os.path.isdir(ctl.cgroup) else None
-        lab.down()
-        cp.down()
 
 
 def _rss_mb(pid: int) -> float:
