@@ -253,7 +253,14 @@ int kxlb_tc(struct __sk_buff *skb)
 			return TC_ACT_SHOT;
 		return bpf_redirect(skb->ifindex, 0);
 	}
-	return v == LB_DROP ? TC_ACT_SHOT : TC_ACT_OK;
+	if (v == LB_DROP)
+		return TC_ACT_SHOT;
+	/* Not ours: TC_ACT_UNSPEC hands the packet to the next filter on this hook (another
+	 * tool's policy, accounting, mirroring) and, with none left, on up the stack as
+	 * TC_ACT_OK would. TC_ACT_OK, kept for what we rewrote, ends classification. */
+	if (v == LB_DONE)
+		return TC_ACT_OK;
+	return TC_ACT_UNSPEC;
 }
 
 int kxlb_xdp(struct xdp_md *ctx)

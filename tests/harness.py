@@ -1,6 +1,7 @@
 """BPF_PROG_TEST_RUN harness: scapy frames in, kernel-run program, frames out."""
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 from scapy.layers.inet import ICMP, IP, TCP, UDP, IPerror, TCPerror, UDPerror
@@ -8,9 +9,12 @@ from scapy.layers.l2 import Ether
 
 from kxlb.loader.bpfsys import prog_test_run
 
-TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0, 2, 7
+TC_ACT_UNSPEC, TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = -1, 0, 2, 7
 XDP_DROP, XDP_PASS, XDP_TX = 1, 2, 3
-PASS = {"tc": TC_ACT_OK, "xdp": XDP_PASS}
+# Not ours: tc hands the packet on to the next filter (TC_ACT_UNSPEC); XDP has no chain.
+PASS = {"tc": TC_ACT_UNSPEC, "xdp": XDP_PASS}
+# Rewritten by us and delivered: tc ends classification (TC_ACT_OK).
+TRANSLATED = {"tc": TC_ACT_OK, "xdp": XDP_PASS}
 DROP = {"tc": TC_ACT_SHOT, "xdp": XDP_DROP}
 SENT_BACK = {"tc": TC_ACT_REDIRECT, "xdp": XDP_TX}  # out of the interface it came in on
 
@@ -25,11 +29,17 @@ class Hook:
     def run(self, frame) -> tuple[int, bytes]:
         raw = bytes(frame)
         verdict, out, _ = prog_test_run(self.fd, raw)
-        return verdict, out
+        return ctypes.c_int32(verdict).value, out  # tc verdicts are signed (TC_ACT_UNSPEC)
 
     @property
     def passed(self) -> int:
+        """The verdict for a packet that is not ours (left untouched)."""
         return PASS[self.name]
+
+    @property
+    def translated(self) -> int:
+        """The verdict for a packet we rewrote and let through."""
+        return TRANSLATED[self.name]
 
     @property
     def dropped(self) -> int:
@@ -70,4 +80,4 @@ def assert_checksums(frame: bytes) -> Ether:
 
 
 __all__ = ["Hook", "eth", "assert_checksums", "IP", "TCP", "UDP", "ICMP", "IPerror", "TCPerror",
-           "UDPerror", "Ether", "PASS", "DROP"]
+           "UDPerror", "Ether", "PASS", "TRANSLATED", "DROP"]

@@ -56,7 +56,7 @@ def monotonic_ns():
 
 def test_new_tcp_flow_is_dnated_to_a_backend_and_tracked(hook, table):
     verdict, out = hook.run(syn())
-    assert verdict == hook.passed
+    assert verdict == hook.translated
     p = assert_checksums(out)
     assert p[IP].dst in BACKEND_ADDRS and p[TCP].dport == 8080
     assert (p[IP].src, p[TCP].sport) == (CLIENT, 40000)
@@ -75,7 +75,7 @@ def test_flow_keeps_its_backend_after_the_backend_set_changes(hook, table):
     remaining = [b for b in BACKENDS if b.addr != first]
     table.set_backends(TCP_SVC, remaining)
     verdict, out = hook.run(syn(sport=41000, flags="A"))
-    assert verdict == hook.passed and Ether(out)[IP].dst == first  # pinned by conntrack
+    assert verdict == hook.translated and Ether(out)[IP].dst == first  # pinned by conntrack
     new_dsts = {Ether(hook.run(syn(sport=42000 + i))[1])[IP].dst for i in range(60)}
     assert new_dsts == {b.addr for b in remaining}  # new flows avoid the removed one
 
@@ -85,7 +85,7 @@ def test_reply_is_reverse_nated_to_the_vip(hook, table):
     backend = out[IP].dst
     reply = eth(IP(src=backend, dst=CLIENT) / TCP(sport=8080, dport=40001, flags="SA", seq=5, ack=1001) / b"hi")
     verdict, out = hook.run(reply)
-    assert verdict == hook.passed
+    assert verdict == hook.translated
     p = assert_checksums(out)
     assert (p[IP].src, p[TCP].sport, p[IP].dst, p[TCP].dport) == (VIP, PORT, CLIENT, 40001)
     fwd = ct_entry(table.maps, CLIENT, 40001, VIP, PORT, 6, C["CT_DIR_FWD"])
@@ -128,7 +128,7 @@ def test_udp_checksum(hook, table, csum):
     if csum == "zero":
         pkt[UDP].chksum = 0
     verdict, out = hook.run(pkt)
-    assert verdict == hook.passed
+    assert verdict == hook.translated
     p = assert_checksums(out)
     assert p[IP].dst in BACKEND_ADDRS and p[UDP].dport == 8080
     if csum == "zero":
@@ -151,7 +151,7 @@ def test_fragments_follow_the_first_fragment(hook, table):
     outs = []
     for f in frags:
         verdict, out = hook.run(eth(f))
-        assert verdict == hook.passed
+        assert verdict == hook.translated
         outs.append(Ether(out)[IP])
     backend = outs[0].dst
     assert backend in BACKEND_ADDRS and all(o.dst == backend for o in outs)
@@ -180,7 +180,7 @@ def test_icmp_port_unreachable_from_a_backend_is_translated(hook, table):
     quoted = bytes(out[IP])[:28]  # what the backend's kernel quotes: IP header + 8 bytes
     err = eth(IP(src=backend, dst=CLIENT) / ICMP(type=3, code=3) / quoted)
     verdict, out = hook.run(err)
-    assert verdict == hook.passed
+    assert verdict == hook.translated
     p = assert_checksums(out)
     assert p[IP].src == VIP and p[IP].dst == CLIENT
     assert (p[IPerror].src, p[IPerror].dst) == (CLIENT, VIP)
@@ -310,7 +310,7 @@ def test_backend_swap_never_exposes_a_half_written_service(hook, table):
     sent = 0
     while writer.poll() is None and sent < len(frames):
         verdict, out = hook.run(frames[sent])
-        assert verdict == hook.passed
+        assert verdict == hook.translated
         p = Ether(out)
         assert (p[IP].dst, p[TCP].dport) in allowed
         sent += 1

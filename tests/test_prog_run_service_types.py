@@ -66,7 +66,7 @@ def send(hook, dst, dport, client=POD, proto="tcp"):
 def forwarded(hook, dst, dport, client=POD):
     """(source, destination) of the translated packet; fails unless it is forwarded."""
     verdict, out, _ = send(hook, dst, dport, client)
-    assert verdict == hook.passed, f"verdict {verdict}"
+    assert verdict == hook.translated, f"verdict {verdict}"
     p = assert_checksums(out)
     return p[IP].src, p[IP].dst
 
