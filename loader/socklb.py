@@ -1,5 +1,8 @@
 """Socket-level service translation (bpf/sock.c) for a cgroup's processes: the node's
-own, host-network processes, whose packets never cross a tc ingress hook."""
+own, host-network processes, whose packets never cross a tc ingress hook. AF_INET
+sockets use the *4 hooks; dual-stack AF_INET6 sockets addressing an IPv4 service as
+::ffff:a.b.c.d use the *6 ones (connect, getpeername, recvmsg; their unconnected
+sendto() reaches the kernel's IPv4 path and so the sendmsg4 hook)."""
 from __future__ import annotations
 
 import json
@@ -16,6 +19,10 @@ HOOKS = {  # program -> attach type name in bcc.BPFAttachType
     "kxlb_sendmsg4": "CGROUP_UDP4_SENDMSG",
     "kxlb_recvmsg4": "CGROUP_UDP4_RECVMSG",
     "kxlb_getpeername4": "CGROUP_INET4_GETPEERNAME",
+    "kxlb_connect6": "CGROUP_INET6_CONNECT",
+    "kxlb_sendmsg6": "CGROUP_UDP6_SENDMSG",
+    "kxlb_recvmsg6": "CGROUP_UDP6_RECVMSG",
+    "kxlb_getpeername6": "CGROUP_INET6_GETPEERNAME",
 }
 
 
@@ -39,7 +46,7 @@ class SocketLB:
 
 
 def attach_socket_lb(pin_dir: str, cgroup: str) -> SocketLB:
-    """Compile sock.c against the pinned maps of ``pin_dir`` and attach its four hooks to
+    """Compile sock.c against the pinned maps of ``pin_dir`` and attach its hooks (HOOKS) to
     the cgroup v2 directory ``cgroup``. Attaching again replaces our programs. The
     attachment outlives this process (the cgroup holds the programs)."""
     from bcc import BPF, BPFAttachType
@@ -66,7 +73,9 @@ def attach_socket_lb(pin_dir: str, cgroup: str) -> SocketLB:
 
 # bpftool names attach types one way in its JSON, another on its command line
 _BPFTOOL_TYPES = {"cgroup_inet4_connect": "connect4", "cgroup_udp4_sendmsg": "sendmsg4",
-                  "cgroup_udp4_recvmsg": "recvmsg4", "cgroup_inet4_getpeername": "getpeername4"}
+                  "cgroup_udp4_recvmsg": "recvmsg4", "cgroup_inet4_getpeername": "getpeername4",
+                  "cgroup_inet6_connect": "connect6", "cgroup_udp6_sendmsg": "sendmsg6",
+                  "cgroup_udp6_recvmsg": "recvmsg6", "cgroup_inet6_getpeername": "getpeername6"}
 
 
 def detach_socket_lb(cgroup: str) -> int:
