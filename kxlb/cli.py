@@ -31,17 +31,22 @@ def _print_json(obj) -> None:
 # --- load / unload --------------------------------------------------------------------------
 def cmd_load(a) -> None:
     mode = a.xdp_mode if a.xdp else None
-    for att in datapath.load(a.iface, a.netns, mode, a.pin_dir):
+    if a.xdp_trust_checksums and not a.xdp:
+        raise KxlbError("--xdp-trust-checksums applies to --xdp only")
+    for att in datapath.load(a.iface, a.netns, mode, a.pin_dir, force=a.force,
+                             xdp_trust_checksums=a.xdp_trust_checksums):
         where = f" in netns {att.netns}" if att.netns else ""
         print(f"kxlb: {att.hook}{' ' + att.mode if att.mode else ''} attached on {att.iface}{where}; maps in {a.pin_dir}")
 
 
 def cmd_unload(a) -> None:
-    gone = datapath.unload(a.pin_dir, a.iface, a.netns)
-    for att in gone:
+    done = datapath.unload(a.pin_dir, a.iface, a.netns)
+    for att in done.detached:
         print(f"kxlb: detached {att.hook} from {att.iface}" + (f" in netns {att.netns}" if att.netns else ""))
     if not a.iface:
-        print(f"kxlb: removed maps in {a.pin_dir}")
+        print(f"kxlb: removed {len(done.pins_removed)} pins kxlb made in {a.pin_dir}")
+    for note in done.notes:
+        print(f"kxlb: note: {note}")
 
 
 # --- services -------------------------------------------------------------------------------
@@ -195,12 +200,21 @@ def build_parser() -> argparse.ArgumentParser:
     ld.add_argument("--iface", required=True, action="append",
                     help="interface to attach to (ingress); repeat for several")
     ld.add_argument("--netns", help="network namespace: a name from `ip netns` or a path like /proc/PID/ns/net")
-    ld.add_argument("--xdp", action="store_true", help="attach at XDP instead of tc clsact ingress")
+    ld.add_argument("--xdp", action="store_true",
+                    help="attach at XDP instead of tc clsact ingress: for the physical uplink (traffic from "
+                         "outside: NodePort, LoadBalancer, externalIP). Refused on veths and other virtual "
+                         "devices, where packets with partial checksums reach the program (docs/datapath.md)")
     ld.add_argument("--xdp-mode", choices=("generic", "native"), default="generic",
                     help="XDP attach mode with --xdp (default %(default)s)")
+    ld.add_argument("--xdp-trust-checksums", action="store_true",
+                    help="allow --xdp on a virtual device: you state that every sender on the link finalises "
+                         "its checksums (TX checksum offload off), else translated packets get bad checksums")
+    ld.add_argument("--force", action="store_true",
+                    help="replace an XDP program that kxlb did not attach (by default kxlb refuses)")
     ld.set_defaults(func=cmd_load)
 
-    ul = sub.add_parser("unload", help="detach from an interface, or (without --iface) everywhere and remove the maps")
+    ul = sub.add_parser("unload", help="detach from an interface, or (without --iface) everywhere and remove the "
+                                       "pins kxlb made (only programs and pins kxlb recorded; nothing else)")
     ul.add_argument("--iface")
     ul.add_argument("--netns")
     ul.set_defaults(func=cmd_unload)
