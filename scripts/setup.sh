@@ -12,7 +12,8 @@ log() { printf 'setup: %s\n' "$*" >&2; }
 # --- 1. Debian packages -------------------------------------------------------------
 APT_PKGS=(bpfcc-tools python3-bpfcc libbpfcc bpftool clang llvm linux-headers-amd64
           iproute2 iptables nftables ethtool python3-venv python3-dev make
-          ruby)  # ruby: syntax check of vagrant/Vagrantfile (Vagrant itself cannot run here)
+          ruby   # ruby: syntax check of vagrant/Vagrantfile (Vagrant itself cannot run here)
+          libbpf1)  # libbpf.so.1: loader/bpfsys.py and the Katran anchor of `make bench` (with bpftool)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
