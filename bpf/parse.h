@@ -78,22 +78,27 @@ static __always_inline int parse_ipv4(void *data, void *data_end, __u32 len, str
 		return PARSE_OK; /* no L4 header here: handled through frag_map */
 
 	void *l4 = (void *)ip + ihl_bytes;
+	/* The L4 header must lie inside the datagram (tot_len), not merely inside the frame:
+	 * bytes after tot_len are Ethernet padding, which the receiver trims. A TCP header
+	 * whose data offset runs past the segment is cut too (the kernel drops it). */
+	void *dgram_end = (void *)ip + tot_len;
 	if (p->proto == IPPROTO_TCP) {
 		struct tcphdr *th = l4;
-		if ((void *)(th + 1) > data_end || th->doff < 5)
+		if ((void *)(th + 1) > data_end || (void *)(th + 1) > dgram_end || th->doff < 5 ||
+		    l4 + th->doff * 4 > dgram_end)
 			return PARSE_MALFORMED;
 		p->sport = th->source;
 		p->dport = th->dest;
 		p->tcp_flags = ((__u8 *)th)[13];
 	} else if (p->proto == IPPROTO_UDP) {
 		struct udphdr *uh = l4;
-		if ((void *)(uh + 1) > data_end)
+		if ((void *)(uh + 1) > data_end || (void *)(uh + 1) > dgram_end)
 			return PARSE_MALFORMED;
 		p->sport = uh->source;
 		p->dport = uh->dest;
 	} else if (p->proto == IPPROTO_ICMP) {
 		struct icmphdr *ih = l4;
-		if ((void *)(ih + 1) > data_end)
+		if ((void *)(ih + 1) > data_end || (void *)(ih + 1) > dgram_end)
 			return PARSE_MALFORMED;
 		p->icmp_type = ih->type;
 	}
