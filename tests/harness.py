@@ -76,7 +76,26 @@ def assert_checksums(frame: bytes) -> Ether:
                 f"{layer.__name__} checksum {ip[layer].chksum:#x}, expected {rebuilt[layer].chksum:#x}"
     if IPerror in ip:
         assert rebuilt[IPerror].chksum == ip[IPerror].chksum, "quoted IP header checksum"
+        _assert_quoted_l4_checksum(ip[IPerror], ip.len - ip.ihl * 4 - 8)
     return p
+
+
+def _assert_quoted_l4_checksum(quoted, quote_len: int) -> None:
+    """The quoted TCP/UDP checksum, when the ICMP error quotes the whole packet (Linux
+    quotes up to 576 bytes, so small packets are quoted whole); a partial quote cannot
+    be judged. The outer IP total length bounds the quote (scapy would hand over the
+    frame's trailing bytes with it)."""
+    raw = bytes(quoted)[:quote_len]
+    if quoted.proto not in (6, 17) or quoted.frag or quoted.flags.MF or len(raw) < quoted.len:
+        return
+    inner = IP(raw[:quoted.len])
+    layer = TCP if quoted.proto == 6 else UDP
+    if layer not in inner or (layer is UDP and inner[UDP].chksum == 0):
+        return
+    got = inner[layer].chksum
+    del inner[layer].chksum
+    want = IP(bytes(inner))[layer].chksum
+    assert got == want, f"quoted {layer.__name__} checksum {got:#x}, expected {want:#x}"
 
 
 __all__ = ["Hook", "eth", "assert_checksums", "IP", "TCP", "UDP", "ICMP", "IPerror", "TCPerror",
