@@ -3,13 +3,14 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo standalone-demo test bench bench-scale lint clean help
+.PHONY: setup demo standalone-demo test fuzz bench bench-scale lint clean help
 
 help:
 	@echo "make demo    - the Kubernetes lab (real control plane, 2 netns nodes, kxlb controller) and traffic"
 	@echo "make standalone-demo - the datapath alone: namespaces, real servers, traffic through a VIP"
 	@echo "make test    - the test suite (root; needs BPF)"
-	@echo "make bench   - datapath microbenchmark (BPF_PROG_TEST_RUN) and controller benchmarks"
+	@echo "make fuzz    - the datapath fuzzer, a million frames through tc and XDP (FUZZ_FRAMES, FUZZ_SEED)"
+	@echo "make bench   - datapath microbenchmark (BPF_PROG_TEST_RUN), controller benchmarks, Maglev vs hash % N"
 	@echo "make bench-scale - the controller with 20k Services and EndpointSlice churn (about 10 min)"
 	@echo "make setup   - install everything this project needs (idempotent)"
 
@@ -25,9 +26,15 @@ standalone-demo: setup
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The fuzzer of the test suite (100k frames there), longer: counts printed, no time limit.
+FUZZ_FRAMES ?= 1000000
+fuzz: setup
+	FUZZ_FRAMES=$(FUZZ_FRAMES) $(PY) -m pytest tests/test_fuzz.py -s -q -o timeout=0 $(PYTEST_ARGS)
+
 bench: setup
 	$(PY) bench/prog_run.py
 	$(PY) bench/controller.py
+	$(PY) bench/maglev.py
 
 bench-scale: setup
 	$(PY) bench/churn.py

@@ -9,6 +9,7 @@
 #ifndef KXLB_MAX_SERVICES
 #define KXLB_MAX_SERVICES        131072  /* service ports: the svc_id range (svc_stats) */
 #endif
+#define KXLB_STATS_CHUNK         4096    /* service ports per per-CPU counter array (maps.h svc_stats) */
 #ifndef KXLB_MAX_FRONTENDS
 #define KXLB_MAX_FRONTENDS       262144  /* svc_map: every way into a service port, and markers */
 #endif
@@ -72,7 +73,8 @@
 #define KXLB_CT_F_FIN_FWD        0x02    /* client sent FIN */
 #define KXLB_CT_F_FIN_REV        0x04    /* backend sent FIN */
 #define KXLB_CT_F_RST            0x08    /* either side sent RST */
-#define KXLB_CT_F_SNAT           0x10    /* masqueraded: the client's address is replaced too */
+#define KXLB_CT_F_SNAT           0x10    /* masqueraded: the backend sees the masquerade address */
+#define KXLB_CT_F_REMAP          0x20    /* the client's port was taken on the backend's side: remapped */
 
 /* Datapath counters (index into dp_stats). */
 #define KXLB_ST_PASS             0       /* not ours: passed untouched */
@@ -94,15 +96,34 @@
 #define KXLB_ST_BAD_PORT         16      /* cluster IP on a port no Service defines: rejected */
 #define KXLB_ST_UNALLOCATED      17      /* unallocated address of a service CIDR: dropped */
 #define KXLB_ST_AFFINITY         18      /* new flow sent to its client's affinity backend */
+#define KXLB_ST_CT_STALE         19      /* client talks to a backend directly: its old reply entry dropped */
+#define KXLB_ST_CT_PEER          20      /* a flow's evicted peer entry recreated */
+#define KXLB_ST_CT_REMAP         21      /* new flow's source port taken by another flow: remapped */
 #define KXLB_ST_MAX              24
 
-/* Masquerade: source ports tried when the client's own port is taken on the SNAT
- * address (a hash picks them in [32768, 65535]). */
-#define KXLB_SNAT_PORT_TRIES     4
-#define KXLB_SNAT_PORT_MIN       32768
+/* Source ports for masqueraded flows, and for flows whose own source port is taken on
+ * the backend's side by another flow (two frontends sharing a backend): outside the
+ * node's ip_local_port_range (default 32768-60999), so they never collide with the
+ * node's own sockets. The controller sets the range in lb_config from the node's
+ * setting; these are the defaults. The tries follow the flow hash, so two CPUs that
+ * see a flow's first packets at once pick the same port. */
+#define KXLB_SRC_PORT_MIN        61000
+#define KXLB_SRC_PORT_MAX        65535
+#define KXLB_SRC_PORT_TRIES      16
 
 /* Hash seed for backend selection. Any fixed value: every node must agree, so a flow
  * that moves between nodes (ECMP change) still picks the same backend. */
 #define KXLB_HASH_SEED           0x6b786c62u /* "kxlb" */
+
+/* Maglev backend choice (lb.h lb_slot(), loader/maglev.py). A backend set's lookup table
+ * of M entries (M prime, per set: svc_value.table_size) is stored in chunks of
+ * KXLB_MAGLEV_CHUNK slot numbers, so M is a runtime choice and small sets pay for small
+ * tables. 480 u16 = 960 bytes: with the kernel's per-element header a chunk is exactly a
+ * 1 KiB allocation (256 entries would take the same 1 KiB for half the entries). */
+#define KXLB_MAGLEV_CHUNK        480
+#ifndef KXLB_MAX_MAGLEV_CHUNKS
+#define KXLB_MAX_MAGLEV_CHUNKS   262144  /* table chunks over all services, both generations */
+#endif
+#define KXLB_MAGLEV_MAX_TABLE    65521   /* largest prime a u16 table size holds */
 
 #endif

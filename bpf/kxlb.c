@@ -23,12 +23,6 @@
 #include <uapi/linux/pkt_cls.h>
 
 #define KXLB_DATAPATH 1
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-#define bpf_htons(x) __builtin_bswap16(x)
-#else
-#define bpf_htons(x) (x)
-#endif
-#define bpf_ntohs(x) bpf_htons(x)
 
 #include "maps.h"
 #include "csum.h"
@@ -111,25 +105,23 @@ static __always_inline int not_a_service(void *data, void *data_end, const struc
 	return LB_PASS;
 }
 
-/* The rewrite a conntrack entry prescribes for a packet of its direction. */
+/* The rewrite a conntrack entry prescribes for a packet of its direction (maps.h):
+ * forward client:port -> front:port becomes src:src_port -> backend:port, and replies
+ * the reverse. Fields that keep their value cost nothing (nat.h). */
 static __always_inline void ct_plan(__u8 dir, const struct ct_entry *e, const struct pkt *p,
 				    struct nat_plan *n)
 {
 	nat_plan_init(n, p);
 	if (dir == KXLB_CT_DIR_FWD) {
-		n->daddr_new = e->nat_addr;       /* to the backend */
-		n->dport_new = e->nat_port;
-		if (e->flags & KXLB_CT_F_SNAT) {  /* from the masquerade address */
-			n->saddr_new = e->snat_addr;
-			n->sport_new = e->snat_port;
-		}
+		n->saddr_new = e->src_addr;
+		n->sport_new = e->src_port;
+		n->daddr_new = e->backend_addr;
+		n->dport_new = e->backend_port;
 	} else {
-		n->saddr_new = e->nat_addr;       /* from the VIP */
-		n->sport_new = e->nat_port;
-		if (e->flags & KXLB_CT_F_SNAT) {  /* to the real client */
-			n->daddr_new = e->snat_addr;
-			n->dport_new = e->snat_port;
-		}
+		n->saddr_new = e->front_addr;
+		n->sport_new = e->front_port;
+		n->daddr_new = e->client_addr;
+		n->dport_new = e->client_port;
 	}
 }
 
@@ -168,7 +160,7 @@ static __always_inline int lb_process(void *data, void *data_end, __u32 len, str
 		return frag_follow(&p, n);
 
 	if (p.proto == IPPROTO_ICMP) {
-		now = bpf_ktime_get_ns();
+		now = ct_now();
 		if (!p.frag && icmp_error_nat(data, data_end, &p, now)) {
 			stat_inc(KXLB_ST_ICMP_NAT);
 			return LB_DONE;
@@ -182,7 +174,7 @@ static __always_inline int lb_process(void *data, void *data_end, __u32 len, str
 	struct ct_key k = {.saddr = p.saddr, .daddr = p.daddr, .sport = p.sport,
 			   .dport = p.dport, .proto = p.proto, .dir = KXLB_CT_DIR_FWD};
 	e = ct_map.lookup(&k);
-	now = e ? bpf_ktime_get_ns() : 0; /* the clock only when an entry is there to judge */
+	now = e ? ct_now() : 0; /* the clock only when an entry is there to judge */
 	if (e && ct_usable(e, &p, now))
 		return ct_translate(&k, e, &p, now, n);
 
@@ -195,7 +187,7 @@ static __always_inline int lb_process(void *data, void *data_end, __u32 len, str
 		struct lb_flow f = {.client = p.saddr, .origin = packet_origin(cfg, p.saddr),
 				    .hash = flow_hash(p.saddr, p.daddr, ((__u32)p.sport << 16) | p.dport,
 						      KXLB_HASH_SEED ^ p.proto)};
-		struct lb_choice c;
+		struct lb_choice c = {};
 
 		switch (lb_decide(&sk, &sv, &f, cfg, &c)) {
 		case LB_DEC_BACKEND:
@@ -206,9 +198,9 @@ static __always_inline int lb_process(void *data, void *data_end, __u32 len, str
 			return LB_DROP;
 		}
 		if (!now)
-			now = bpf_ktime_get_ns();
+			now = ct_now();
 		struct ct_entry fe;
-		int err = ct_create(&k, &p, &c.be, sv.svc_id, now, c.snat, p.sport ^ p.saddr, &fe);
+		int err = ct_create(&k, &p, &c.be, sv.svc_id, c.snat, f.hash, cfg, now, &fe);
 		if (err < 0) {
 			stat_inc(err == -2 ? KXLB_ST_SNAT_NO_PORT : KXLB_ST_CT_FULL);
 			return LB_DROP;
@@ -220,13 +212,20 @@ static __always_inline int lb_process(void *data, void *data_end, __u32 len, str
 		return LB_NAT;
 	}
 
-	/* 3. Backend packet of a tracked flow: back to VIP:port. */
-	k.dir = KXLB_CT_DIR_REV;
+	/* 3. A translated 4-tuple (canonical REV key): from the backend, a reply to bring
+	 * back to frontend:port; from the other side, the client talking to the backend
+	 * directly, so the entry outlived its flow and must not touch the answers. */
+	ct_rev_key(p.saddr, p.sport, p.daddr, p.dport, p.proto, &k);
 	e = ct_map.lookup(&k);
-	if (e && !now)
-		now = bpf_ktime_get_ns();
-	if (e && e->expires_ns > now)
-		return ct_translate(&k, e, &p, now, n);
+	if (e) {
+		if (!now)
+			now = ct_now();
+		if (ct_live(e, p.proto, now)) {
+			if (e->backend_addr == p.saddr && e->backend_port == p.sport)
+				return ct_translate(&k, e, &p, now, n);
+			ct_forget(&k, e);
+		}
+	}
 
 	return not_a_service(data, data_end, &p, ri);
 }
@@ -261,6 +260,29 @@ int kxlb_tc(struct __sk_buff *skb)
 	if (v == LB_DONE)
 		return TC_ACT_OK;
 	return TC_ACT_UNSPEC;
+}
+
+/* tc egress: ICMP errors this node generates about a translated flow leave through
+ * here (e.g. "fragmentation needed" when a client's translated packet does not fit the
+ * backend's path): their quote shows the translated packet, which the client never
+ * sent, so it is translated back (nat.h icmp_error_nat) or path MTU discovery through
+ * a VIP would fail. Everything else goes on untouched, to the next filter. */
+int kxlb_tc_egress(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+
+	if (skb->data_end - skb->data < 128 && skb->len > skb->data_end - skb->data)
+		bpf_skb_pull_data(skb, skb->len < 128 ? skb->len : 128);
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	if (parse_ipv4(data, data_end, skb->len, &p) != PARSE_OK || p.proto != IPPROTO_ICMP || p.frag)
+		return TC_ACT_UNSPEC;
+	p.len = skb->len;
+	if (!icmp_error_nat(data, data_end, &p, ct_now()))
+		return TC_ACT_UNSPEC;
+	stat_inc(KXLB_ST_ICMP_NAT);
+	return TC_ACT_OK;
 }
 
 int kxlb_xdp(struct xdp_md *ctx)

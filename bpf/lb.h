@@ -3,6 +3,7 @@
  * tc, XDP and the socket hooks. */
 #ifndef KXLB_LB_H
 #define KXLB_LB_H
+#include "maps.h"
 
 static __always_inline void stat_inc(__u32 idx)
 {
@@ -14,8 +15,13 @@ static __always_inline void stat_inc(__u32 idx)
 /* Per-service counters; per CPU, so plain adds. */
 static __always_inline void svc_account(__u32 svc_id, __u8 dir, __u32 len, int new_flow)
 {
-	struct svc_counters *c = svc_stats.lookup(&svc_id);
+	void *chunk = svc_stats.lookup(&svc_id);
+	__u32 idx = svc_id % KXLB_STATS_CHUNK;
+	struct svc_counters *c;
 
+	if (!chunk)
+		return;
+	c = bpf_map_lookup_elem(chunk, &idx);
 	if (!c)
 		return;
 	if (dir == KXLB_CT_DIR_FWD) {
@@ -84,33 +90,62 @@ static __always_inline __be32 lb_masquerade(const struct lb_config *cfg, const s
 	return 0;                                               /* eTP Local: keep the source */
 }
 
-/* One slot of a set, in the generation of `sv` (a copy of the svc_map entry taken
- * once, so sizes and gen belong together: see maps.h). If user space removed the slot
- * after flipping the generation, the entry is re-read once: the new generation is
- * complete by then. */
+/* The slot of `hash` in one backend set of one generation: entry hash % M of the set's
+ * Maglev table (loader/maglev.py), M = `m`. A set of one backend has no table (m 0).
+ * -1: the table is gone (user space deleted this generation after a flip) or does not
+ * name a slot of this set. */
+static __always_inline int lb_table_slot(__u32 svc_id, __u8 gen, __u8 set, __u16 n, __u16 m,
+					 __u32 hash)
+{
+	if (n == 1)
+		return 0;
+	if (n == 0 || m == 0)
+		return -1;
+	__u32 idx = hash % m;
+	struct maglev_key mk = {.svc_id = svc_id, .chunk = idx / KXLB_MAGLEV_CHUNK, .gen = gen, .set = set};
+	struct maglev_chunk *t = maglev_map.lookup(&mk);
+	__u32 off = idx % KXLB_MAGLEV_CHUNK;
+
+	/* The verifier cannot bound a modulo; clang would drop a check it proves redundant,
+	 * so hide off from it first. */
+	asm volatile("" : "+r"(off));
+	if (!t || off >= KXLB_MAGLEV_CHUNK)
+		return -1;
+	__u16 slot = t->slot[off];
+	return slot < n ? slot : -1;
+}
+
+/* One backend of a set, in the generation of `sv` (a copy of the svc_map entry taken
+ * once, so sizes, table sizes and gen belong together: see maps.h): table, then slot.
+ * If user space removed the table or slot after flipping the generation, the entry is
+ * re-read once: the new generation is complete by then. */
 static __always_inline int lb_slot(const struct svc_key *sk, const struct svc_value *sv, __u8 set,
 				   __u32 hash, struct backend *out)
 {
 	struct backend_key bk = {.svc_id = sv->svc_id, .gen = sv->gen, .set = set};
-	__u16 n = set == KXLB_SET_LOCAL ? sv->local_count : sv->count;
-	struct backend *b;
+	int local = set == KXLB_SET_LOCAL;
+	struct backend *b = NULL;
 	struct svc_value *now;
+	int slot;
 
-	if (n == 0)
-		return -1;
-	bk.slot = hash % n;
-	b = backend_map.lookup(&bk);
+	slot = lb_table_slot(sv->svc_id, sv->gen, set, local ? sv->local_count : sv->count,
+			     local ? sv->local_table_size : sv->table_size, hash);
+	if (slot >= 0) {
+		bk.slot = slot;
+		b = backend_map.lookup(&bk);
+	}
 	if (!b) {
 		stat_inc(KXLB_ST_SLOT_RETRY);
 		now = svc_map.lookup((struct svc_key *)sk);
 		if (!now)
 			return -1;
-		n = set == KXLB_SET_LOCAL ? now->local_count : now->count;
-		if (n == 0)
+		slot = lb_table_slot(now->svc_id, now->gen, set, local ? now->local_count : now->count,
+				     local ? now->local_table_size : now->table_size, hash);
+		if (slot < 0)
 			return -1;
 		bk.svc_id = now->svc_id;
 		bk.gen = now->gen;
-		bk.slot = hash % n;
+		bk.slot = slot;
 		b = backend_map.lookup(&bk);
 		if (!b)
 			return -1;

@@ -20,10 +20,11 @@
  *
  * Consistency of a service (why the generations): backend slots live in backend_map
  * under (svc_id, set, slot, gen). To change a service port's backends, user space
- *   1. writes both new sets under the inactive generation (invisible to packets),
+ *   1. writes both new sets, and their Maglev tables (maglev_map), under the inactive
+ *      generation (invisible to packets),
  *   2. replaces every frontend's svc_map entry (set sizes + gen flip atomically: a hash
  *      map update swaps the whole element),
- *   3. deletes the old generation's slots.
+ *   3. deletes the old generation's slots and tables.
  * A packet therefore sees the old sets or the new sets, never a mix. The one window: a
  * packet read an old entry, then step 3 deleted the slot it wants; the datapath
  * re-reads the entry once and picks from the new generation (KXLB_ST_SLOT_RETRY).
@@ -52,6 +53,8 @@ struct svc_value {
 	__u8  kind;        /* KXLB_KIND_*: which traffic policy applies */
 	__u16 flags;       /* KXLB_SVC_F_* */
 	__u32 affinity_s;  /* KXLB_SVC_F_AFFINITY: sessionAffinityConfig timeoutSeconds */
+	__u16 table_size;  /* M of the cluster-wide set's Maglev table (prime; 0: no table, */
+	__u16 local_table_size; /* at most one slot) and of this node's set, active gen */
 };
 
 /* backend_map key: one slot of a service port's backend set. */
@@ -69,8 +72,31 @@ struct backend {
 	__u16  pad;
 };
 
-/* ct_map key. A flow has two entries: FWD keyed as the client sends (client -> VIP),
- * REV keyed as the backend answers (backend -> client). */
+/* maglev_map key: one chunk of a backend set's Maglev lookup table, under the same
+ * generation as its slots (written before the flip, deleted after: see above). Entry i
+ * of the table is slot[i % KXLB_MAGLEV_CHUNK] of chunk i / KXLB_MAGLEV_CHUNK. */
+struct maglev_key {
+	__u32 svc_id;
+	__u16 chunk;
+	__u8  gen;
+	__u8  set;        /* KXLB_SET_* */
+};
+
+/* maglev_map value: table entries -> slot numbers of backend_map (loader/maglev.py). */
+struct maglev_chunk {
+	__u16 slot[KXLB_MAGLEV_CHUNK];
+};
+
+/* ct_map key. A flow has two entries, which carry the same value (struct ct_entry):
+ *  - FWD, keyed exactly as the client sends: client -> frontend;
+ *  - REV, keyed by the translated 4-tuple the backend sees: backend <-> source
+ *    (the client's own address and port, or the ones it was given: masquerade,
+ *    collision remap). This key is stored in canonical order, the lower (address,
+ *    port) endpoint in saddr/sport (ct.h ct_rev_key()), so one lookup finds it for a
+ *    packet of either direction of that 4-tuple: from the backend it is a reply to
+ *    translate; from the source side it means the client now talks to the backend
+ *    directly (the REV entry outlived its flow) and the entry is dropped, so a stale
+ *    entry never rewrites traffic that is not a reply. */
 struct ct_key {
 	__be32 saddr;
 	__be32 daddr;
@@ -81,23 +107,32 @@ struct ct_key {
 	__u16  pad;
 };
 
-/* ct_map value. The translation is stored in the entry itself (not a backend id), so a
- * flow keeps working when its backend leaves the service or the service is deleted, as
- * Linux conntrack does under kube-proxy. A masqueraded flow (KXLB_CT_F_SNAT) also
- * replaces the client's address: FWD packets leave with snat_addr:snat_port as their
- * source, and REV packets go back to the client at snat_addr:snat_port. Its REV entry
- * is keyed backend -> snat_addr:snat_port. */
+/* ct_map value: the whole flow, identical in its FWD and REV entries, so either one
+ * can rebuild the other (ct.h recreates a peer the LRU evicted) and the translation
+ * never depends on svc_map or backend_map again: a flow keeps its backend when the
+ * backend leaves the service or the service is deleted, as Linux conntrack does under
+ * kube-proxy.
+ * Forward packets: client:port -> front:port becomes src:src_port -> backend:port.
+ * Replies: backend:port -> src:src_port becomes front:port -> client:port.
+ * src is the client's own address unless masqueraded (KXLB_CT_F_SNAT); src_port is the
+ * client's own port unless masqueraded or remapped (a collision, KXLB_CT_F_REMAP).
+ * Lifetime: the entry is live until last_ns + ct_lifetime(flags) (ct.h). Both entries
+ * of a flow are refreshed together and carry the same flags, set with atomic ORs so
+ * two CPUs never lose a FIN or RST. */
 struct ct_entry {
-	__u64  expires_ns; /* CLOCK_MONOTONIC deadline (bpf_ktime_get_ns) */
-	__be32 nat_addr;   /* FWD: backend address; REV: VIP */
-	__be16 nat_port;   /* FWD: backend port; REV: service port */
-	__u8   flags;      /* KXLB_CT_F_* */
-	__u8   pad;
-	__u32  svc_id;     /* for per-service counters */
-	__u32  created_s;  /* creation time, seconds of CLOCK_MONOTONIC (for `kxlb conntrack`) */
-	__be32 snat_addr;  /* KXLB_CT_F_SNAT: FWD: masquerade address; REV: the client */
-	__be16 snat_port;  /*   FWD: masquerade port; REV: the client's port */
-	__u16  pad2;
+	__u64  last_ns;      /* CLOCK_MONOTONIC_COARSE of the flow's last packet (either way),
+			      * written at most every KXLB_CT_REFRESH_S */
+	__u64  flags;        /* KXLB_CT_F_*: 64 bits for the BPF atomic OR */
+	__be32 client_addr;
+	__be32 front_addr;   /* the frontend the client addressed (cluster IP, node, ...) */
+	__be32 backend_addr;
+	__be32 src_addr;     /* the source the backend sees */
+	__be16 client_port;
+	__be16 front_port;
+	__be16 backend_port;
+	__be16 src_port;
+	__u32  svc_id;       /* for per-service counters */
+	__u32  created_s;    /* creation time, seconds of CLOCK_MONOTONIC_COARSE */
 };
 
 /* frag_map: lets non-first fragments (which carry no ports) follow their first
@@ -159,6 +194,8 @@ struct lb_config {
 	__u32  flags;      /* KXLB_CFG_F_* */
 	__be32 svc_cidr[KXLB_MAX_SVC_CIDRS];
 	__be32 svc_mask[KXLB_MAX_SVC_CIDRS];
+	__u16  src_port_min; /* source ports given to masqueraded and remapped flows: a */
+	__u16  src_port_max; /* range no socket of the node uses (0: KXLB_SRC_PORT_MIN/MAX) */
 };
 
 /* sock_rev: socket-level translation (sock.c) of host processes. Which VIP:port a
@@ -196,13 +233,25 @@ BPF_TABLE_PINNED("hash", struct svc_key, struct svc_value, svc_map,
 		 KXLB_MAX_FRONTENDS, KXLB_PIN_DIR "/services", BPF_F_NO_PREALLOC);
 BPF_TABLE_PINNED("hash", struct backend_key, struct backend, backend_map,
 		 KXLB_MAX_BACKEND_SLOTS, KXLB_PIN_DIR "/backends", BPF_F_NO_PREALLOC);
+BPF_TABLE_PINNED("hash", struct maglev_key, struct maglev_chunk, maglev_map,
+		 KXLB_MAX_MAGLEV_CHUNKS, KXLB_PIN_DIR "/maglev", BPF_F_NO_PREALLOC);
 /* Written by the datapath. LRU: a full table evicts the coldest flow rather than
  * refusing a new one. */
 BPF_TABLE_PINNED("lru_hash", struct ct_key, struct ct_entry, ct_map,
 		 KXLB_CT_ENTRIES, KXLB_PIN_DIR "/conntrack");
 BPF_TABLE_PINNED("lru_hash", struct frag_key, struct frag_value, frag_map,
 		 KXLB_FRAG_ENTRIES, KXLB_PIN_DIR "/frags");
-BPF_TABLE_PINNED("percpu_array", __u32, struct svc_counters, svc_stats,
+/* Per-service counters, per CPU (plain adds on the packet path), in chunks: svc_stats
+ * maps a svc_id to the per-CPU array of its chunk of KXLB_STATS_CHUNK ids (index
+ * svc_id % KXLB_STATS_CHUNK), created by user space when a service of that chunk is
+ * added (loader/maps.py SvcStats). One array sized to the svc_id range would hold
+ * 5 MB per possible CPU from the start (640 MB on a 128-CPU node); chunks hold
+ * 160 KB per CPU per 4096 service ports in use, and a chunk no svc_id points to any
+ * more is freed by the kernel. Two array lookups, both cheap: a per-CPU hash keyed by
+ * svc_id measured ~55 ns more per packet. svc_stats_chunk is only the template the
+ * verifier checks inner maps against. */
+BPF_TABLE("percpu_array", __u32, struct svc_counters, svc_stats_chunk, KXLB_STATS_CHUNK);
+BPF_TABLE_PINNED("array_of_maps$svc_stats_chunk", __u32, __u32, svc_stats,
 		 KXLB_MAX_SERVICES, KXLB_PIN_DIR "/svc_stats");
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, dp_stats,
 		 KXLB_ST_MAX, KXLB_PIN_DIR "/dp_stats");

@@ -10,6 +10,11 @@
  * checksum, so the packet's total sum (skb->csum) is unchanged. */
 #ifndef KXLB_NAT_H
 #define KXLB_NAT_H
+#include "maps.h"
+#include "csum.h"
+#include "parse.h"
+#include "lb.h"
+#include "ct.h"
 
 #define OFF_(type, field) __builtin_offsetof(type, field)
 
@@ -134,14 +139,6 @@ static __always_inline int nat_apply_xdp(void *data, void *data_end, const struc
 	return 0;
 }
 
-/* ICMP error about a tracked flow (destination unreachable, time exceeded, parameter
- * problem): the embedded header is the flow's packet as the far side saw it. Looking
- * it up reversed gives the flow's entry in the direction the error travels:
- *  - FWD hit: a client complains about a reply from VIP:port. The error goes to the
- *    backend: inner source VIP:port -> backend, outer destination VIP -> backend.
- *  - REV hit: a backend (or a router on its way) complains about a packet the client
- *    sent: inner destination backend -> VIP:port, outer source backend -> VIP.
- * Returns 1 when translated, 0 when not ours (passed untouched). */
 /* An ICMP error message (RFC 1122 3.2.2: never answered with another ICMP error). */
 static __always_inline int icmp_is_error(const struct pkt *p)
 {
@@ -149,90 +146,127 @@ static __always_inline int icmp_is_error(const struct pkt *p)
 	       p->icmp_type == ICMP_PARAMETERPROB;
 }
 
+/* Rewrite the header an ICMP error quotes to s:sp -> d:dp. The ICMP checksum covers
+ * the quote, so it follows every word changed in it: ports, addresses, the quoted IP
+ * checksum and the quoted L4 checksum (`l4c`, when the quote reaches it). */
+static __always_inline void icmp_quote_rewrite(struct icmphdr *ih, struct iphdr *in, __u16 *in_ports,
+					       __u16 *l4c, __be32 s, __be16 sp, __be32 d, __be16 dp)
+{
+	__u16 icsum = ih->checksum;
+	__u16 old_ic = in->check;
+
+	if (l4c) {
+		__u16 old = *l4c;
+		__u16 c = csum_update32(old, in->saddr, s);
+		c = csum_update32(c, in->daddr, d);
+		c = csum_update16(c, in_ports[0], sp);
+		c = csum_update16(c, in_ports[1], dp);
+		if (in->protocol == IPPROTO_UDP)
+			c = udp_csum_fixup(c);
+		*l4c = c;
+		icsum = csum_update16(icsum, old, c);
+	}
+	icsum = csum_update16(icsum, in_ports[0], sp);
+	icsum = csum_update16(icsum, in_ports[1], dp);
+	in_ports[0] = sp;
+	in_ports[1] = dp;
+	in->check = csum_update32(csum_update32(in->check, in->saddr, s), in->daddr, d);
+	icsum = csum_update16(icsum, old_ic, in->check);
+	icsum = csum_update32(icsum, in->saddr, s);
+	icsum = csum_update32(icsum, in->daddr, d);
+	in->saddr = s;
+	in->daddr = d;
+	ih->checksum = icsum;
+}
+
+static __always_inline void ip_set_addr(struct iphdr *ip, __be32 *field, __be32 to)
+{
+	ip->check = csum_update32(ip->check, *field, to);
+	*field = to;
+}
+
+/* ICMP error about a tracked flow (destination unreachable, fragmentation needed, time
+ * exceeded, parameter problem): the quote is one of the flow's packets as the far side
+ * saw it, and is translated to what the other side knows, as Linux conntrack's NAT
+ * does for kube-proxy:
+ *  - a quoted reply front:port -> client (the client, or a router on its way, complains
+ *    about a reply): the error goes on to the backend, quote backend -> src;
+ *  - a quoted forward packet src -> backend (the backend, a router on its way, or this
+ *    node itself at tc egress, e.g. "fragmentation needed" for path MTU discovery):
+ *    the error goes back to the client, quote client -> front:port.
+ * The outer header changes only where it names a translated party (the error's sender
+ * or target), never a router's address. Everything is bounded by the outer IP total
+ * length: bytes after it (Ethernet padding) are not part of the message.
+ * Returns 1 when translated, 0 when not ours (passed untouched). */
 static __always_inline int icmp_error_nat(void *data, void *data_end, const struct pkt *p, __u64 now)
 {
 	struct iphdr *ip = data + ETH_HLEN_;
 	struct icmphdr *ih;
 	struct iphdr *in;
 	__u16 *in_ports;
-	struct ct_key k = {};
+	__u16 *l4c = 0;
+	void *end;
+	struct ct_key k;
 	struct ct_entry *e;
-	__u8 fwd;
 
 	if (!icmp_is_error(p))
 		return 0;
 	if ((void *)(ip + 1) > data_end)
 		return 0;
+	end = (void *)ip + bpf_ntohs(ip->tot_len);
 	ih = (void *)ip + ip->ihl * 4;
 	in = (void *)(ih + 1);
-	if ((void *)(in + 1) > data_end || in->ihl < 5)
+	if ((void *)(in + 1) > data_end || (void *)(in + 1) > end || in->ihl < 5)
 		return 0;
 	if (in->protocol != IPPROTO_TCP && in->protocol != IPPROTO_UDP)
 		return 0;
 	in_ports = (void *)in + in->ihl * 4;
-	if ((void *)(in_ports + 4) > data_end) /* ports + UDP length/checksum or TCP seq */
+	if ((void *)(in_ports + 2) > data_end || (void *)(in_ports + 2) > end)
 		return 0;
+	/* The quoted L4 checksum, if the quote reaches it (UDP: 0 means none). */
+	if (in->protocol == IPPROTO_UDP) {
+		if ((void *)(in_ports + 4) <= data_end && (void *)(in_ports + 4) <= end && in_ports[3])
+			l4c = &in_ports[3];
+	} else if ((void *)(in_ports + 9) <= data_end && (void *)(in_ports + 9) <= end) {
+		l4c = &in_ports[8]; /* tcphdr.check at byte 16 */
+	}
 
+	/* A quoted reply: its reverse is the flow's FWD key. */
 	k.saddr = in->daddr;
 	k.daddr = in->saddr;
 	k.sport = in_ports[1];
 	k.dport = in_ports[0];
 	k.proto = in->protocol;
 	k.dir = KXLB_CT_DIR_FWD;
+	k.pad = 0;
 	e = ct_map.lookup(&k);
-	if (!e || e->expires_ns <= now) {
-		k.dir = KXLB_CT_DIR_REV;
-		e = ct_map.lookup(&k);
-		if (!e || e->expires_ns <= now)
-			return 0;
-	}
-	if (e->flags & KXLB_CT_F_SNAT)
-		return 0; /* masqueraded flows: not translated (docs/datapath.md) */
-	fwd = k.dir == KXLB_CT_DIR_FWD;
+	if (e && ct_live(e, k.proto, now)) {
+		__be32 client = e->client_addr, front = e->front_addr;
 
-	__be32 new_addr = e->nat_addr;
-	__be16 new_port = e->nat_port;
-	__be32 old_addr = fwd ? in->saddr : in->daddr;
-	__u16 port_idx = fwd ? 0 : 1;
-	__be16 old_port = in_ports[port_idx];
-	__u16 icsum = ih->checksum;
-
-	/* Inner L4 checksum, when the quoted bytes include it. */
-	__u16 *l4c = 0;
-	if (in->protocol == IPPROTO_UDP)
-		l4c = &in_ports[3];
-	else if ((void *)(in_ports + 9) <= data_end)
-		l4c = &in_ports[8]; /* tcphdr.check at byte 16 */
-	if (l4c && (void *)(l4c + 1) <= data_end && (in->protocol == IPPROTO_TCP || *l4c)) {
-		__u16 old = *l4c;
-		__u16 c = csum_update16(csum_update32(old, old_addr, new_addr), old_port, new_port);
-		if (in->protocol == IPPROTO_UDP)
-			c = udp_csum_fixup(c);
-		*l4c = c;
-		icsum = csum_update16(icsum, old, c);
+		icmp_quote_rewrite(ih, in, in_ports, l4c, e->backend_addr, e->backend_port,
+				   e->src_addr, e->src_port);
+		if (ip->daddr == front)
+			ip_set_addr(ip, &ip->daddr, e->backend_addr);
+		if (ip->saddr == client)
+			ip_set_addr(ip, &ip->saddr, e->src_addr);
+		svc_account(e->svc_id, KXLB_CT_DIR_FWD, p->len, 0);
+		return 1;
 	}
-	/* Inner port, inner address and the inner IP checksum. */
-	in_ports[port_idx] = new_port;
-	icsum = csum_update16(icsum, old_port, new_port);
-	__u16 old_ic = in->check;
-	in->check = csum_update32(in->check, old_addr, new_addr);
-	icsum = csum_update16(icsum, old_ic, in->check);
-	if (fwd)
-		in->saddr = new_addr;
-	else
-		in->daddr = new_addr;
-	icsum = csum_update32(icsum, old_addr, new_addr);
-	ih->checksum = icsum;
+	/* A quoted forward packet: the flow's REV key, quoted from the source side. */
+	ct_rev_key(in->saddr, in_ports[0], in->daddr, in_ports[1], in->protocol, &k);
+	e = ct_map.lookup(&k);
+	if (!e || !ct_live(e, k.proto, now) || e->src_addr != in->saddr || e->src_port != in_ports[0] ||
+	    e->backend_addr != in->daddr || e->backend_port != in_ports[1])
+		return 0;
+	__be32 backend = e->backend_addr, src = e->src_addr;
 
-	/* Outer header: only where it names the translated party itself. */
-	if (fwd && ip->daddr == old_addr) {
-		ip->check = csum_update32(ip->check, old_addr, new_addr);
-		ip->daddr = new_addr;
-	} else if (!fwd && ip->saddr == old_addr) {
-		ip->check = csum_update32(ip->check, old_addr, new_addr);
-		ip->saddr = new_addr;
-	}
-	svc_account(e->svc_id, k.dir, p->len, 0);
+	icmp_quote_rewrite(ih, in, in_ports, l4c, e->client_addr, e->client_port, e->front_addr,
+			   e->front_port);
+	if (ip->saddr == backend)
+		ip_set_addr(ip, &ip->saddr, e->front_addr);
+	if (ip->daddr == src)
+		ip_set_addr(ip, &ip->daddr, e->client_addr);
+	svc_account(e->svc_id, KXLB_CT_DIR_REV, p->len, 0);
 	return 1;
 }
 

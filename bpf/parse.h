@@ -3,6 +3,13 @@
  * writes: a packet that fails any check is passed untouched by the caller. */
 #ifndef KXLB_PARSE_H
 #define KXLB_PARSE_H
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/in.h>
+#include <uapi/linux/ip.h>
+#include <uapi/linux/tcp.h>
+#include <uapi/linux/udp.h>
+#include <uapi/linux/icmp.h>
+#include "endian.h"
 
 #define ETH_HLEN_ 14
 #define IP_MF_ 0x2000

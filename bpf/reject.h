@@ -5,6 +5,8 @@
  * packet's own buffer and sent back out of the interface it came in on. */
 #ifndef KXLB_REJECT_H
 #define KXLB_REJECT_H
+#include "csum.h"
+#include "parse.h"
 
 #define REJECT_QUOTE 28                               /* the IP header (no options) + 8 bytes */
 #define REJECT_LEN (ETH_HLEN_ + 20 + 8 + REJECT_QUOTE) /* the whole reply frame */

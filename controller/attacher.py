@@ -16,10 +16,11 @@ log = logging.getLogger("kxlb.attacher")
 
 class InterfaceAttacher:
     def __init__(self, dp: Datapath, ns: str | None, patterns: list[str], xdp_mode: str | None,
-                 pin_dir: str, period: float = 0.2):
+                 pin_dir: str, period: float = 0.2, xdp_trust_checksums: bool = False):
         self.dp, self.ns, self.patterns, self.xdp_mode, self.pin_dir = dp, ns, patterns, xdp_mode, pin_dir
-        self.period = period
+        self.period, self.xdp_trust_checksums = period, xdp_trust_checksums
         self.attached: set[str] = set()
+        self.refused: dict[str, str] = {}  # interface -> why: logged once, retried quietly
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -27,15 +28,20 @@ class InterfaceAttacher:
         """Attach to matching interfaces not yet attached; returns the new ones."""
         names = [n for n in attach.list_links(self.ns) if any(fnmatch.fnmatch(n, p) for p in self.patterns)]
         self.attached &= set(names)  # forget interfaces that went away
+        self.refused = {n: why for n, why in self.refused.items() if n in names}
         new = []
         for name in names:
             if name in self.attached:
                 continue
             try:
-                attach_one(self.dp, name, self.ns, self.xdp_mode, self.pin_dir)
-            except KxlbError as exc:  # it may vanish between listing and attaching
-                log.warning("attaching to %s failed: %s", name, exc)
+                attach_one(self.dp, name, self.ns, self.xdp_mode, self.pin_dir,
+                           xdp_trust_checksums=self.xdp_trust_checksums)
+            except KxlbError as exc:  # it may vanish between listing and attaching, or be refused
+                if self.refused.get(name) != str(exc):
+                    log.warning("attaching to %s failed: %s", name, exc)
+                    self.refused[name] = str(exc)
                 continue
+            self.refused.pop(name, None)
             self.attached.add(name)
             new.append(name)
             log.info("datapath attached to %s%s", name, f" in netns {self.ns}" if self.ns else "")

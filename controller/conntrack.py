@@ -18,7 +18,8 @@ from __future__ import annotations
 import socket
 from typing import Iterable
 
-from kxlb.loader.layout import C, Backend, CtKey, ServiceKey, ip_to_raw, port_to_raw
+from kxlb.loader import conntrack
+from kxlb.loader.layout import Backend, ServiceKey, ip_to_raw, port_to_raw
 from kxlb.loader.maps import Maps
 from kxlb.loader.svcspec import Kind, LbService
 
@@ -44,18 +45,14 @@ def clean_stale_udp_flows(maps: Maps, serving: dict[_Raw, frozenset[_Raw]]) -> i
     """Delete both entries of every stale UDP flow; returns the entries deleted."""
     if not serving:
         return 0
-    fwd, rev_dir, snat_flag = C["CT_DIR_FWD"], C["CT_DIR_REV"], C["CT_F_SNAT"]
     deleted = 0
     for k, e in maps.conntrack.items():
-        if k.proto != UDP or k.dir != fwd:
+        if k.proto != UDP or k.dir != conntrack.FWD:
             continue
-        allowed = serving.get((k.daddr, k.dport))
-        if allowed is None or (e.nat_addr, e.nat_port) in allowed:
+        allowed = serving.get((e.front_addr, e.front_port))
+        if allowed is None or (e.backend_addr, e.backend_port) in allowed:
             continue
-        snat = e.flags & snat_flag
-        rev = CtKey(saddr=e.nat_addr, daddr=e.snat_addr if snat else k.saddr, sport=e.nat_port,
-                    dport=e.snat_port if snat else k.sport, proto=UDP, dir=rev_dir)
-        deleted += maps.conntrack.delete(k) + maps.conntrack.delete(rev)
+        deleted += conntrack.delete_flow(maps, conntrack.Flow.of(k, e))
     return deleted
 
 

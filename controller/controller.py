@@ -25,8 +25,9 @@ from .healthcheck import HealthCheckServers
 from .informer import DELETED, Informer, WatchTiming
 from .metrics import Metrics
 from .conntrack import clean_stale_udp_flows, serving_by_frontend
+from .socks import UdpSocketReaper
 from .model import Desired, EndpointSlice, NodeContext, Service, service_entries
-from .node import decode_node, nodeport_addresses
+from .node import decode_node, masquerade_port_range, nodeport_addresses
 from .programmer import ApplyResult, Programmer
 from .runner import BoundedFrequencyRunner
 
@@ -53,6 +54,7 @@ class ControllerConfig:
     healthcheck_servers: bool = True  # serve healthCheckNodePorts
     retry_initial: float = 1.0       # first retry after a failed sync (then doubling)
     detect_local_node_cidr: bool = False  # pods = the Node's podCIDR, not cluster_cidr (NodeCIDR mode)
+    maglev_table_size: int = 16381   # largest Maglev table (prime; loader/maglev.py sizes smaller sets)
 
 
 def tune_gc() -> None:
@@ -72,7 +74,7 @@ class Controller:
         self.maps, self.config = maps, config
         self.metrics = metrics or Metrics()
         self.events = events  # EventRecorder or None
-        self.programmer = Programmer(maps)
+        self.programmer = Programmer(maps, config.maglev_table_size)
         self._lock = threading.Lock()
         self.services: dict[str, Service] = {}
         self.slices_by_service: dict[str, dict[str, EndpointSlice]] = {}
@@ -89,6 +91,7 @@ class Controller:
         self._node_ctx: NodeContext | None = None
         self._service_cidrs: dict[str, tuple[str, ...]] = {}   # ServiceCIDR name -> its IPv4 CIDRs
         self._dp_config: DatapathConfig | None = None  # what the config map holds
+        self._src_ports: tuple[int, int] | tuple[()] | None = None  # masquerade ports, read once
         self._node_dirty = False
         self._force_full = True          # the first sync, and the one after a failure
         self._last_queued = 0.0
@@ -114,6 +117,9 @@ class Controller:
         self.healthchecks = HealthCheckServers(self._proxy_healthy, config.netns) if config.healthcheck_servers else None
         self.syncs = 0
         self.informers = self._informers(api_client) if api_client is not None else []
+        # Connected UDP sockets of host-network processes to endpoints that left
+        # (controller/socks.py), destroyed beside the UDP conntrack cleanup.
+        self.udp_sockets = UdpSocketReaper(maps.pin_dir, config.netns, self.metrics.registry)
         for cap_map in ("services", "backends", "conntrack"):
             self.metrics.map_capacity.labels(cap_map).set(getattr(maps, cap_map).max_entries)
 
@@ -388,11 +394,15 @@ class Controller:
         t0 = time.perf_counter()
         cur = self.programmer.current
         ports = [(cur[k].spec, serving) for k, serving in self._udp_serving.items() if k in cur]
-        n = clean_stale_udp_flows(self.maps, serving_by_frontend(ports))
+        serving = serving_by_frontend(ports)
+        n = clean_stale_udp_flows(self.maps, serving)
         self.metrics.conntrack_reconcile.observe(time.perf_counter() - t0)
         if n:
             self.metrics.udp_flows_flushed.inc(n)
             log.info("deleted %d conntrack entries of UDP flows to endpoints no longer serving", n)
+        n = self.udp_sockets.reap_logged(serving)
+        if n:
+            log.info("destroyed %d connected UDP sockets of host processes to endpoints no longer serving", n)
 
     def _publish_service_state(self, node: NodeContext) -> None:
         """What is per Service rather than per map entry: health check servers and the
@@ -408,9 +418,15 @@ class Controller:
         with self._lock:
             cidrs = tuple(sorted({c for cs in self._service_cidrs.values() for c in cs}))
         local = self._node_pod_cidr if self.config.detect_local_node_cidr else self.config.cluster_cidr
+        if self._src_ports is None:
+            try:
+                self._src_ports = masquerade_port_range(self.config.netns)
+            except (OSError, ValueError) as exc:
+                log.error("masquerade source ports: %s; using the datapath's default range", exc)
+                self._src_ports = ()
         want = DatapathConfig(snat_addr=self.config.masquerade_address or self._node_ip,
                               cluster_cidr=local, service_cidrs=cidrs[:C["MAX_SVC_CIDRS"]],
-                              masquerade_all=self.config.masquerade_all)
+                              masquerade_all=self.config.masquerade_all, src_ports=self._src_ports or None)
         if want == self._dp_config:
             return
         if len(cidrs) > C["MAX_SVC_CIDRS"]:
@@ -422,6 +438,8 @@ class Controller:
                  want.snat_addr or "(nothing: no address known)",
                  f", clients outside {want.cluster_cidr}" if want.cluster_cidr else "",
                  ", all cluster IP traffic" if want.masquerade_all else "", ", ".join(cidrs) or "(none known)")
+        if want.src_ports:
+            log.info("datapath: masqueraded flows use source ports %d-%d (outside ip_local_port_range)", *want.src_ports)
 
     def reconcile(self) -> None:
         """Periodic: a full sync from the caches, then repair of what was changed in the

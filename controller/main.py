@@ -10,6 +10,7 @@ import signal
 import threading
 
 from kxlb.loader.errors import KxlbError
+from kxlb.loader.maglev import DEFAULT_TABLE_SIZE, check_table_size
 from kxlb.loader.maps import Maps
 
 from kxlb.loader.netns import netns
@@ -105,22 +106,24 @@ def run(a) -> None:
 
     setup_logging(a.log_level, a.log_format)
     resolve(a)
+    check_table_size(a.maglev_table_size)  # before anything is attached or written
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1` dumps every thread's stack
     attacher = None
     if a.iface or a.cgroup:
         from kxlb.loader.compile import pinned_datapath
-        from kxlb.loader.datapath import require_bpffs, require_root
+        from kxlb.loader.datapath import prepare_pin_dir, require_root
         from kxlb.loader.netns import netns_path
 
         require_root("kxlb controller --iface/--cgroup")
-        require_bpffs(a.pin_dir)
+        prepare_pin_dir(a.pin_dir)  # 0700 and root's, as `kxlb load` makes it
         netns_path(a.netns)
         prepare_in_child(a.pin_dir, a.cgroup)
         if a.cgroup:
             log.info("socket-level load balancing attached to cgroup %s", a.cgroup)
         if a.iface:
             dp = pinned_datapath(a.pin_dir)
-            attacher = InterfaceAttacher(dp, a.netns, a.iface, a.xdp_mode if a.xdp else None, a.pin_dir).start()
+            attacher = InterfaceAttacher(dp, a.netns, a.iface, a.xdp_mode if a.xdp else None, a.pin_dir,
+                                         xdp_trust_checksums=a.xdp_trust_checksums).start()
     maps = Maps.open(a.pin_dir)
     client = api_client(a.kubeconfig)
     if a.detect_local == "NodeCIDR":
@@ -134,7 +137,7 @@ def run(a) -> None:
                                                     masquerade_address=a.masquerade_address,
                                                     masquerade_all=a.masquerade_all,
                                                     nodeport_addresses=parse_nodeport_cidrs(a.nodeport_addresses),
-                                                    netns=a.netns),
+                                                    netns=a.netns, maglev_table_size=a.maglev_table_size),
                      metrics, EventRecorder(client, a.node_name))
     mhost, mport = bind_address(a.metrics_bind_address, "--metrics-bind-address")
     server = serve(metrics, mhost, mport, health=ctl.health)
@@ -232,6 +235,9 @@ def register(sub) -> None:
                         "without it the datapath must be loaded already (`kxlb load`)")
     p.add_argument("--xdp", action="store_true", help="attach at XDP instead of tc ingress")
     p.add_argument("--xdp-mode", choices=("generic", "native"), default="generic")
+    p.add_argument("--xdp-trust-checksums", action="store_true",
+                   help="allow --xdp on virtual devices (veth): only if every sender on them finalises its "
+                        "checksums (docs/datapath.md, Hooks and coexistence)")
     p.add_argument("--cgroup", help="cgroup v2 directory whose processes (host network) get socket-level "
                                     "service translation (connect/sendmsg/recvmsg hooks)")
     p.add_argument("--cluster-cidr", help="the pods' CIDR: service traffic from outside it is masqueraded "
@@ -246,6 +252,10 @@ def register(sub) -> None:
     p.add_argument("--nodeport-addresses", action="append", metavar="primary|CIDR[,CIDR...]",
                    help="where NodePorts are served: 'primary' (default: the Node's InternalIPs) or the "
                         "node's interface addresses inside these CIDRs (kube-proxy's flag); repeatable")
+    p.add_argument("--maglev-table-size", type=int, default=DEFAULT_TABLE_SIZE, metavar="M",
+                   help=f"entries of the Maglev lookup table of the largest backend sets (a prime above the "
+                        f"largest set, at most 65521; smaller sets get 251 or 1021: docs/datapath.md; default "
+                        f"{DEFAULT_TABLE_SIZE}). A new size applies to a set when it next changes")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--log-format", default="text", choices=("text", "json"))
     p.set_defaults(func=run)

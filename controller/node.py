@@ -80,3 +80,24 @@ def nodeport_addresses(cidrs: tuple[str, ...], netns: str | None) -> tuple[str, 
         ipr.close()
     return tuple(sorted({a for a in addrs if a and any(ipaddress.IPv4Address(a) in n for n in nets)},
                         key=lambda a: ipaddress.IPv4Address(a).packed))
+
+
+MIN_SRC_PORTS = 1024  # fewer free ports than this and masqueraded flows would queue up
+
+
+def masquerade_port_range(netns: str | None) -> tuple[int, int]:
+    """Source ports for masqueraded flows that the node's own sockets never pick: the
+    part of 1024-65535 outside its ip_local_port_range (the larger side). A range no
+    socket uses is what keeps a masqueraded flow's reply from being mistaken for a
+    reply to one of the node's connections, and the reverse."""
+    from kxlb.loader.netns import netns as enter
+
+    with enter(netns):  # /proc/sys/net shows the opening thread's namespace
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+    above, below = (hi + 1, 65535), (1024, lo - 1)
+    best = max(above, below, key=lambda r: r[1] - r[0])
+    if best[1] - best[0] + 1 < MIN_SRC_PORTS:
+        raise ValueError(f"net.ipv4.ip_local_port_range {lo}-{hi} leaves fewer than {MIN_SRC_PORTS} ports "
+                         f"for masqueraded flows (kxlb uses the ports outside it): narrow it")
+    return best

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 
+from kxlb.loader import maglev
 from kxlb.loader.errors import FrontendConflict, KxlbError, MapWriteError
 from kxlb.loader.layout import ServiceKey
 from kxlb.loader.maps import Maps
@@ -34,8 +35,8 @@ class ApplyResult:
 
 
 class Programmer:
-    def __init__(self, maps: Maps):
-        self.table = ServiceTable(maps)
+    def __init__(self, maps: Maps, maglev_table_size: int = maglev.DEFAULT_TABLE_SIZE):
+        self.table = ServiceTable(maps, maglev_table_size)
         # Service ports programmed without some frontends another service port holds:
         # tried whole again on every sync, so they get them once the holder lets go.
         self.trimmed: dict[ServiceKey, LbService] = {}

@@ -9,18 +9,14 @@ import argparse
 import json
 import os
 import sys
-import time
 
-from kxlb.loader import datapath
+from kxlb.loader import conntrack, datapath
 from kxlb.loader.errors import KxlbError
-from kxlb.loader.layout import (C, PROTO_NAMES, Backend, ServiceKey, parse_addr_port, parse_ipv4, raw_to_ip,
-                               raw_to_port)
+from kxlb.loader.layout import PROTO_NAMES, Backend, ServiceKey, parse_addr_port, parse_ipv4
 from kxlb.loader.maps import DEFAULT_PIN_DIR, Maps
 from kxlb.loader.services import ServiceTable
 from kxlb.loader.svcspec import Frontend, Kind, LbService
 
-CT_FLAG_NAMES = {C["CT_F_REPLIED"]: "replied", C["CT_F_FIN_FWD"]: "fin-client",
-                 C["CT_F_FIN_REV"]: "fin-backend", C["CT_F_RST"]: "rst", C["CT_F_SNAT"]: "masqueraded"}
 
 
 def _print_json(obj) -> None:
@@ -131,25 +127,23 @@ def cmd_list(a) -> None:
 
 
 def _flow_rows(maps: Maps, include_all: bool) -> list[dict]:
-    now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # the clock of bpf_ktime_get_ns
+    now = conntrack.now_ns()
     rows = []
-    for k, e in maps.conntrack.items():
-        alive = e.expires_ns > now
-        if not include_all and (not alive or k.dir != C["CT_DIR_FWD"]):
+    for f in conntrack.flows(maps):
+        if not include_all and not f.live(now):
             continue
         rows.append({
-            "protocol": PROTO_NAMES.get(k.proto, str(k.proto)),
-            "direction": "client" if k.dir == C["CT_DIR_FWD"] else "backend",
-            "src": f"{raw_to_ip(k.saddr)}:{raw_to_port(k.sport)}",
-            "dst": f"{raw_to_ip(k.daddr)}:{raw_to_port(k.dport)}",
-            "nat": f"{raw_to_ip(e.nat_addr)}:{raw_to_port(e.nat_port)}",
-            "masquerade": (f"{raw_to_ip(e.snat_addr)}:{raw_to_port(e.snat_port)}"
-                           if e.flags & C["CT_F_SNAT"] else None),
-            "service_id": e.svc_id,
-            "expires_in_s": round((e.expires_ns - now) / 1e9, 1),
-            "state": [n for bit, n in CT_FLAG_NAMES.items() if e.flags & bit],
+            "protocol": f.protocol,
+            "client": str(f.client),
+            "frontend": str(f.front),
+            "backend": str(f.backend),
+            "source": str(f.source),  # what the backend sees as the client
+            "service_id": f.svc_id,
+            "expires_in_s": round((f.expires_ns - now) / 1e9, 1),
+            "state": f.state,
+            "entries": f.entries,
         })
-    return sorted(rows, key=lambda r: (r["dst"], r["src"]))
+    return sorted(rows, key=lambda r: (r["frontend"], r["client"]))
 
 
 def cmd_conntrack(a) -> None:
@@ -158,11 +152,11 @@ def cmd_conntrack(a) -> None:
     if a.json:
         _print_json(rows)
         return
-    print(f"{'proto':5} {'from':21} {'to':21} {'translated to':21} {'expires':>8}  state")
+    print(f"{'proto':5} {'client':21} {'frontend':21} {'backend':21} {'expires':>8}  state")
     for r in rows:
-        print(f"{r['protocol']:5} {r['src']:21} {r['dst']:21} {r['nat']:21} {r['expires_in_s']:>7}s  "
-              f"{','.join(r['state']) or '-'}{'' if r['direction'] == 'client' else ' (reply)'}"
-              f"{' via ' + r['masquerade'] if r['masquerade'] and r['direction'] == 'client' else ''}")
+        via = f" via {r['source']}" if r["source"] != r["client"] else ""
+        print(f"{r['protocol']:5} {r['client']:21} {r['frontend']:21} {r['backend']:21} "
+              f"{r['expires_in_s']:>7}s  {','.join(r['state']) or '-'}{via}")
 
 
 def cmd_stats(a) -> None:
@@ -257,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=helptext)
         c.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "conntrack":
-            c.add_argument("--all", action="store_true", help="include reply-direction and expired entries")
+            c.add_argument("--all", action="store_true", help="include expired flows")
         c.set_defaults(func=fn)
 
     for register in _extensions():

@@ -94,7 +94,15 @@ def list_links(ns: str | None) -> list[str]:
 
 
 # --- tc ------------------------------------------------------------------------------------
-def attach_tc(ns: str | None, iface: str, prog_fd: int) -> None:
+TC_PARENT_EGRESS = "ffff:fff3"
+TC_EGRESS_NAME = "kxlb_tc_egress"
+TC_HOOKS = {"ingress": (TC_PARENT_INGRESS, TC_NAME), "egress": (TC_PARENT_EGRESS, TC_EGRESS_NAME)}
+
+
+def attach_tc(ns: str | None, iface: str, prog_fd: int, direction: str = "ingress") -> None:
+    """Our filter on the interface's clsact ``direction``: ingress runs the datapath,
+    egress translates the ICMP errors the node itself sends about translated flows."""
+    parent, name = TC_HOOKS[direction]
     with _ipr(ns) as ipr:
         idx = _ifindex(ipr, iface, ns)
         try:
@@ -103,22 +111,23 @@ def attach_tc(ns: str | None, iface: str, prog_fd: int) -> None:
             if getattr(exc, "code", None) != errno.EEXIST:
                 raise _netlink_error(exc, f"adding clsact qdisc on {iface}") from None
         try:
-            ipr.tc("replace-filter", "bpf", idx, f":{TC_HANDLE}", fd=prog_fd, name=TC_NAME,
-                   parent=TC_PARENT_INGRESS, classid=1, direct_action=True, prio=TC_PRIO)
+            ipr.tc("replace-filter", "bpf", idx, f":{TC_HANDLE}", fd=prog_fd, name=name,
+                   parent=parent, classid=1, direct_action=True, prio=TC_PRIO)
         except Exception as exc:
-            raise _netlink_error(exc, f"attaching tc program on {iface}") from None
+            raise _netlink_error(exc, f"attaching tc {direction} program on {iface}") from None
 
 
-def detach_tc(ns: str | None, iface: str) -> None:
+def detach_tc(ns: str | None, iface: str, directions: tuple[str, ...] = ("ingress", "egress")) -> None:
     with _ipr(ns) as ipr:
         idx = _ifindex(ipr, iface, ns)
-        try:
-            ipr.tc("del-filter", "bpf", idx, f":{TC_HANDLE}", parent=TC_PARENT_INGRESS, prio=TC_PRIO)
-        except Exception as exc:
-            if getattr(exc, "code", None) not in (errno.ENOENT, errno.EINVAL):
-                raise _netlink_error(exc, f"detaching tc program from {iface}") from None
-        # Remove the clsact qdisc too, unless someone else still has filters on it.
-        others = [f for parent in (TC_PARENT_INGRESS, "ffff:fff3")
+        for direction in directions:
+            try:
+                ipr.tc("del-filter", "bpf", idx, f":{TC_HANDLE}", parent=TC_HOOKS[direction][0], prio=TC_PRIO)
+            except Exception as exc:
+                if getattr(exc, "code", None) not in (errno.ENOENT, errno.EINVAL):
+                    raise _netlink_error(exc, f"detaching tc {direction} program from {iface}") from None
+        # Remove the clsact qdisc too, unless someone (or our other direction) still has filters on it.
+        others = [f for parent in (TC_PARENT_INGRESS, TC_PARENT_EGRESS)
                   for f in ipr.get_filters(idx, parent=parent) if f.get_attr("TCA_KIND")]
         if not others:
             try:
@@ -128,12 +137,13 @@ def detach_tc(ns: str | None, iface: str) -> None:
                     raise _netlink_error(exc, f"removing clsact from {iface}") from None
 
 
-def tc_attached(ns: str | None, iface: str) -> bool:
+def tc_attached(ns: str | None, iface: str, direction: str = "ingress") -> bool:
+    parent, name = TC_HOOKS[direction]
     with _ipr(ns) as ipr:
         idx = _ifindex(ipr, iface, ns)
-        for f in ipr.get_filters(idx, parent=TC_PARENT_INGRESS):
+        for f in ipr.get_filters(idx, parent=parent):
             opts = f.get_attr("TCA_OPTIONS")
-            if opts and opts.get_attr("TCA_BPF_NAME") == TC_NAME:
+            if opts and opts.get_attr("TCA_BPF_NAME") == name:
                 return True
         return False
 

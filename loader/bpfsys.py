@@ -67,6 +67,8 @@ def lib() -> ctypes.CDLL:
         "bpf_map_delete_batch": (c_int, [c_int, c_void_p, ctypes.POINTER(c_uint32), ctypes.POINTER(BatchOpts)]),
         "bpf_obj_get_info_by_fd": (c_int, [c_int, c_void_p, ctypes.POINTER(c_uint32)]),
         "bpf_prog_test_run_opts": (c_int, [c_int, ctypes.POINTER(TestRunOpts)]),
+        "bpf_map_create": (c_int, [c_uint32, c_char_p, c_uint32, c_uint32, c_uint32, c_void_p]),
+        "bpf_map_get_fd_by_id": (c_int, [c_uint32]),
     }
     for fn, (res, args) in sig.items():
         f = getattr(so, fn)
@@ -88,6 +90,18 @@ def obj_get(path: str) -> int:
 
 def obj_pin(fd: int, path: str) -> None:
     check(lib().bpf_obj_pin(fd, path.encode()), f"pin at {path}")
+
+
+BPF_MAP_TYPE_PERCPU_ARRAY = 6
+
+
+def map_create(map_type: int, name: str, key_size: int, value_size: int, max_entries: int) -> int:
+    return check(lib().bpf_map_create(map_type, name.encode(), key_size, value_size, max_entries, None),
+                 f"create map {name}")
+
+
+def map_fd_by_id(map_id: int) -> int:
+    return check(lib().bpf_map_get_fd_by_id(map_id), f"open map id {map_id}")
 
 
 def map_info(fd: int) -> MapInfo:

@@ -65,9 +65,10 @@ class Datapath:
     bpf: object | None  # bcc.BPF; kept alive so the program fds stay open
     tc_fd: int
     xdp_fd: int
+    tc_egress_fd: int   # ICMP errors the node generates about translated flows
 
 
-PROG_PINS = {"tc": "prog_tc", "xdp": "prog_xdp"}  # programs are pinned beside the maps
+PROG_PINS = {"tc": "prog_tc", "xdp": "prog_xdp", "tc_egress": "prog_tc_egress"}  # pinned beside the maps
 
 
 def pinned_datapath(pin_dir: str) -> Datapath:
@@ -77,7 +78,7 @@ def pinned_datapath(pin_dir: str) -> Datapath:
         fds = {hook: bpfsys.obj_get(os.path.join(pin_dir, name)) for hook, name in PROG_PINS.items()}
     except OSError as exc:
         raise KxlbError(f"no datapath programs pinned in {pin_dir}: {exc.strerror}") from None
-    return Datapath(bpf=None, tc_fd=fds["tc"], xdp_fd=fds["xdp"])
+    return Datapath(bpf=None, tc_fd=fds["tc"], xdp_fd=fds["xdp"], tc_egress_fd=fds["tc_egress"])
 
 
 def compile_source(source: Path, pin_dir: str, extra_cflags: list[str] | None = None):
@@ -105,11 +106,12 @@ def compile_datapath(pin_dir: str, extra_cflags: list[str] | None = None) -> Dat
     try:
         tc = bpf.load_func(b"kxlb_tc", BPF.SCHED_CLS)
         xdp = bpf.load_func(b"kxlb_xdp", BPF.XDP)
+        egress = bpf.load_func(b"kxlb_tc_egress", BPF.SCHED_CLS)
     except Exception as exc:
         raise KxlbError(f"the kernel rejected the datapath: {exc}") from exc
-    for hook, fd in (("tc", tc.fd), ("xdp", xdp.fd)):
+    for hook, fd in (("tc", tc.fd), ("xdp", xdp.fd), ("tc_egress", egress.fd)):
         path = os.path.join(pin_dir, PROG_PINS[hook])
         if os.path.exists(path):
             os.unlink(path)  # the new program replaces the pin (attachments keep theirs)
         bpfsys.obj_pin(fd, path)
-    return Datapath(bpf=bpf, tc_fd=tc.fd, xdp_fd=xdp.fd)
+    return Datapath(bpf=bpf, tc_fd=tc.fd, xdp_fd=xdp.fd, tc_egress_fd=egress.fd)

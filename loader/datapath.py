@@ -108,7 +108,7 @@ def attach_one(dp: Datapath, iface: str, ns: str | None, xdp_mode: str | None, p
         if not xdp_trust_checksums:
             check_xdp_placement(ns, iface, xdp_mode)
         ref = attach.attach_xdp(ns, iface, dp.xdp_fd, xdp_mode, recorded, force)
-        attach.detach_tc(ns, iface)
+        attach.detach_tc(ns, iface, ("ingress",))
         a = Attachment(iface=iface, netns=ns, hook="xdp", mode=xdp_mode, prog_id=ref.id, prog_tag=ref.tag,
                        prog_name=ref.name)
     else:
@@ -116,6 +116,8 @@ def attach_one(dp: Datapath, iface: str, ns: str | None, xdp_mode: str | None, p
         if recorded is not None and recorded.hook == "xdp":
             attach.detach_xdp(ns, iface, recorded)  # ours only: a foreign one stays
         a = Attachment(iface=iface, netns=ns, hook="tc")
+    # Either way, ICMP errors the node sends about translated flows leave through tc egress.
+    attach.attach_tc(ns, iface, dp.tc_egress_fd, "egress")
     attach.accept_local(ns, iface)
     reg.save([x for x in reg.load() if (x.iface, x.netns) != (iface, ns) or x.hook == "socklb"] + [a])
     return a
@@ -129,6 +131,7 @@ def _detach(a: Attachment, missing_ok: bool) -> str | None:
             detach_socket_lb(a.iface)
         elif a.hook == "xdp":
             left = attach.detach_xdp(a.netns, a.iface, a)
+            attach.detach_tc(a.netns, a.iface, ("egress",))
             if left is not None:
                 return (f"XDP program on {a.iface} ({left}) is not the one kxlb attached "
                         f"(id {a.prog_id or '?'}): left attached")

@@ -46,7 +46,7 @@ class SvcKey(ctypes.Structure):
 
 class SvcValue(ctypes.Structure):
     _fields_ = [("svc_id", u32), ("count", u16), ("local_count", u16), ("gen", u8), ("kind", u8),
-                ("flags", u16), ("affinity_s", u32)]
+                ("flags", u16), ("affinity_s", u32), ("table_size", u16), ("local_table_size", u16)]
 
 
 class BackendKey(ctypes.Structure):
@@ -57,15 +57,23 @@ class BackendValue(ctypes.Structure):
     _fields_ = [("addr", u32), ("port", u16), ("pad", u16)]
 
 
+class MaglevKey(ctypes.Structure):
+    _fields_ = [("svc_id", u32), ("chunk", u16), ("gen", u8), ("set", u8)]
+
+
+class MaglevChunk(ctypes.Structure):
+    _fields_ = [("slot", u16 * C["MAGLEV_CHUNK"])]
+
+
 class CtKey(ctypes.Structure):
     _fields_ = [("saddr", u32), ("daddr", u32), ("sport", u16), ("dport", u16),
                 ("proto", u8), ("dir", u8), ("pad", u16)]
 
 
 class CtEntry(ctypes.Structure):
-    _fields_ = [("expires_ns", u64), ("nat_addr", u32), ("nat_port", u16), ("flags", u8),
-                ("pad", u8), ("svc_id", u32), ("created_s", u32), ("snat_addr", u32),
-                ("snat_port", u16), ("pad2", u16)]
+    _fields_ = [("last_ns", u64), ("flags", u64), ("client_addr", u32), ("front_addr", u32),
+                ("backend_addr", u32), ("src_addr", u32), ("client_port", u16), ("front_port", u16),
+                ("backend_port", u16), ("src_port", u16), ("svc_id", u32), ("created_s", u32)]
 
 
 class FragKey(ctypes.Structure):
@@ -90,7 +98,8 @@ class SrcRangeKey(ctypes.Structure):
 
 class LbConfig(ctypes.Structure):
     _fields_ = [("snat_addr", u32), ("cluster_cidr", u32), ("cluster_mask", u32), ("flags", u32),
-                ("svc_cidr", u32 * C["MAX_SVC_CIDRS"]), ("svc_mask", u32 * C["MAX_SVC_CIDRS"])]
+                ("svc_cidr", u32 * C["MAX_SVC_CIDRS"]), ("svc_mask", u32 * C["MAX_SVC_CIDRS"]),
+                ("src_port_min", u16), ("src_port_max", u16)]
 
 
 class SockRevKey(ctypes.Structure):
@@ -108,6 +117,7 @@ class SvcCounters(ctypes.Structure):
 
 MIRRORS: dict[str, type[ctypes.Structure]] = {
     "svc_key": SvcKey, "svc_value": SvcValue, "backend_key": BackendKey, "backend": BackendValue,
+    "maglev_key": MaglevKey, "maglev_chunk": MaglevChunk,
     "ct_key": CtKey, "ct_entry": CtEntry, "frag_key": FragKey, "frag_value": FragValue,
     "affinity_key": AffinityKey, "affinity_value": AffinityValue, "src_range_key": SrcRangeKey,
     "lb_config": LbConfig, "sock_rev_key": SockRevKey, "sock_rev_value": SockRevValue, "svc_counters": SvcCounters,

@@ -14,8 +14,8 @@ from typing import Generic, Iterator, TypeVar
 
 from . import bpfsys
 from .errors import KxlbError
-from .layout import (AffinityKey, AffinityValue, BackendKey, BackendValue, CtEntry, CtKey, FragKey, FragValue,
-                     LbConfig, SrcRangeKey, SvcCounters, SvcKey, SvcValue)
+from .layout import (C, AffinityKey, AffinityValue, BackendKey, BackendValue, CtEntry, CtKey, FragKey, FragValue,
+                     LbConfig, MaglevChunk, MaglevKey, SrcRangeKey, SvcCounters, SvcKey, SvcValue)
 
 K = TypeVar("K", bound=ctypes.Structure)
 V = TypeVar("V", bound=ctypes.Structure)
@@ -158,6 +158,89 @@ class BpfMap(Generic[K, V]):
 
 
 
+class SvcStats:
+    """Per-service counters (bpf/maps.h svc_stats): an array of maps from svc_id to the
+    per-CPU counter array of its chunk of KXLB_STATS_CHUNK ids. A service's counters
+    exist from its creation (``put``, which makes the chunk if needed) to its deletion
+    (``delete``: the datapath stops counting it, and a chunk no id points to is freed by
+    the kernel). Keys and values as a per-CPU map of c_uint32 -> SvcCounters."""
+
+    CHUNK = C["STATS_CHUNK"]
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            self.fd = bpfsys.obj_get(path)
+        except OSError as exc:
+            raise KxlbError(f"cannot open map {path}: {exc.strerror} (is the datapath loaded? `kxlb load`)") from None
+        self.max_entries = bpfsys.map_info(self.fd).max_entries  # the svc_id range
+        self.ncpu = bpfsys.possible_cpus()
+        self._stride = (ctypes.sizeof(SvcCounters) + 7) & ~7
+        self._chunks: dict[int, int] = {}     # chunk number -> the array we write new ids into
+        self._by_map_id: dict[int, int] = {}  # map id -> our fd of it (kept open: keeps it alive)
+
+    def close(self) -> None:
+        for fd in self._by_map_id.values():
+            os.close(fd)
+        self._by_map_id.clear()
+        self._chunks.clear()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def _array_of(self, svc_id: int) -> int | None:
+        """An fd of the counter array svc_id's entry points to, or None. Resolved per
+        id: another process may have made a different array for the same chunk."""
+        map_id = ctypes.c_uint32()
+        if bpfsys.lib().bpf_map_lookup_elem(self.fd, ctypes.byref(ctypes.c_uint32(svc_id)), ctypes.byref(map_id)) < 0:
+            return None
+        if map_id.value not in self._by_map_id:
+            self._by_map_id[map_id.value] = bpfsys.map_fd_by_id(map_id.value)
+        return self._by_map_id[map_id.value]
+
+    def _chunk_array(self, chunk: int) -> int:
+        """The counter array for a chunk: ours, or one an id of the chunk points to
+        (after a restart), or a new one."""
+        if chunk not in self._chunks:
+            lo = chunk * self.CHUNK
+            fd = next((f for f in map(self._array_of, range(lo, min(lo + self.CHUNK, self.max_entries)))
+                       if f is not None), None)
+            if fd is None:
+                fd = bpfsys.map_create(bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY, f"kxlb_stats{chunk}", 4,
+                                       ctypes.sizeof(SvcCounters), self.CHUNK)
+                self._by_map_id[bpfsys.map_info(fd).id] = fd
+            self._chunks[chunk] = fd
+        return self._chunks[chunk]
+
+    def put(self, key: ctypes.c_uint32, value: SvcCounters) -> None:
+        svc_id = key.value
+        fd = self._chunk_array(svc_id // self.CHUNK)
+        buf = (ctypes.c_uint8 * (self._stride * self.ncpu))()
+        for i in range(self.ncpu):
+            ctypes.memmove(ctypes.addressof(buf) + i * self._stride, ctypes.addressof(value), ctypes.sizeof(value))
+        idx = ctypes.c_uint32(svc_id % self.CHUNK)
+        bpfsys.check(bpfsys.lib().bpf_map_update_elem(fd, ctypes.byref(idx), ctypes.byref(buf), bpfsys.BPF_ANY),
+                     f"reset counters of service id {svc_id}")
+        inner = ctypes.c_uint32(fd)
+        bpfsys.check(bpfsys.lib().bpf_map_update_elem(self.fd, ctypes.byref(key), ctypes.byref(inner), bpfsys.BPF_ANY),
+                     f"update in {self.path}")
+
+    def delete(self, key: ctypes.c_uint32) -> bool:
+        ret = bpfsys.lib().bpf_map_delete_elem(self.fd, ctypes.byref(key))
+        return ret >= 0
+
+    def get(self, key: ctypes.c_uint32) -> list[SvcCounters] | None:
+        fd = self._array_of(key.value)
+        if fd is None:
+            return None
+        buf = (ctypes.c_uint8 * (self._stride * self.ncpu))()
+        idx = ctypes.c_uint32(key.value % self.CHUNK)
+        if bpfsys.lib().bpf_map_lookup_elem(fd, ctypes.byref(idx), ctypes.byref(buf)) < 0:
+            return None
+        raw = bytes(buf)
+        return [SvcCounters.from_buffer_copy(raw, i * self._stride) for i in range(self.ncpu)]
+
+
 @dataclass
 class Maps:
     """The datapath's pinned maps in one pin directory."""
@@ -165,11 +248,12 @@ class Maps:
     pin_dir: str
     services: BpfMap[SvcKey, SvcValue]
     backends: BpfMap[BackendKey, BackendValue]
+    maglev: BpfMap[MaglevKey, MaglevChunk]
     conntrack: BpfMap[CtKey, CtEntry]
     frags: BpfMap[FragKey, FragValue]
     affinity: BpfMap[AffinityKey, AffinityValue]
     src_ranges: BpfMap
-    svc_stats: BpfMap
+    svc_stats: SvcStats
     dp_stats: BpfMap
     config: BpfMap
 
@@ -182,17 +266,18 @@ class Maps:
             pin_dir=pin_dir,
             services=BpfMap(p("services"), SvcKey, SvcValue),
             backends=BpfMap(p("backends"), BackendKey, BackendValue),
+            maglev=BpfMap(p("maglev"), MaglevKey, MaglevChunk),
             conntrack=BpfMap(p("conntrack"), CtKey, CtEntry),
             frags=BpfMap(p("frags"), FragKey, FragValue),
             affinity=BpfMap(p("affinity"), AffinityKey, AffinityValue),
             src_ranges=BpfMap(p("src_ranges"), SrcRangeKey, ctypes.c_uint8),
-            svc_stats=BpfMap(p("svc_stats"), ctypes.c_uint32, SvcCounters, percpu=True),
+            svc_stats=SvcStats(p("svc_stats")),
             dp_stats=BpfMap(p("dp_stats"), ctypes.c_uint32, ctypes.c_uint64, percpu=True),
             config=BpfMap(p("config"), ctypes.c_uint32, LbConfig),
         )
 
     def close(self) -> None:
-        for m in (self.services, self.backends, self.conntrack, self.frags, self.affinity, self.src_ranges,
+        for m in (self.services, self.backends, self.maglev, self.conntrack, self.frags, self.affinity, self.src_ranges,
                   self.svc_stats, self.dp_stats, self.config):
             m.close()
 
@@ -203,6 +288,6 @@ class Maps:
         self.close()
 
 
-PIN_NAMES = ("services", "backends", "conntrack", "frags", "affinity", "src_ranges", "svc_stats", "dp_stats", "sock_rev", "config",
-             "prog_tc", "prog_xdp")
-"""Everything the loader pins in a pin directory (maps, then the two programs)."""
+PIN_NAMES = ("services", "backends", "maglev", "conntrack", "frags", "affinity", "src_ranges", "svc_stats", "dp_stats", "sock_rev", "config",
+             "prog_tc", "prog_xdp", "prog_tc_egress")
+"""Everything the loader pins in a pin directory (maps, then the programs)."""

@@ -15,10 +15,10 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Iterable
 
-from . import bpfsys
+from . import bpfsys, maglev
 from .errors import FrontendConflict, KxlbError, MapWriteError
-from .layout import (C, DP_COUNTERS, Backend, BackendKey, LbConfig, ServiceKey, SrcRangeKey, SvcCounters, SvcKey, SvcValue,
-                     ip_to_raw, parse_ipv4, raw_to_ip, raw_to_port)
+from .layout import (C, DP_COUNTERS, Backend, BackendKey, LbConfig, MaglevKey, ServiceKey, SrcRangeKey, SvcCounters,
+                     SvcKey, SvcValue, ip_to_raw, parse_ipv4, raw_to_ip, raw_to_port)
 from .maps import Maps
 from .svcspec import Frontend, Kind, LbService
 
@@ -33,7 +33,8 @@ SETS = (C["SET_CLUSTER"], C["SET_LOCAL"])
 _BACKEND_KEY = struct.Struct("=IHBB")     # struct backend_key
 _BACKEND = struct.Struct("=4s2sH")       # struct backend
 _SVC_KEY = struct.Struct("=4s2sBB")       # struct svc_key
-_SVC_VALUE = struct.Struct("=IHHBBHI")    # struct svc_value
+_SVC_VALUE = struct.Struct("=IHHBBHIHH")  # struct svc_value
+_MAGLEV_KEY = struct.Struct("=IHBB")      # struct maglev_key
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class ServiceState:
     svc_id: int
     gen: int
     spec: LbService
+    tables: tuple[int, int] = (0, 0)   # Maglev table sizes (M) of the cluster and local sets
 
     @property
     def backends(self) -> tuple[Backend, ...]:
@@ -73,9 +75,20 @@ def _pack_set(svc_id: int, gen: int, set_: int, backends: tuple[Backend, ...]) -
     return keys, vals
 
 
-def _svc_value(spec: LbService, kind: Kind, svc_id: int, gen: int) -> bytes:
+def _svc_value(spec: LbService, kind: Kind, svc_id: int, gen: int, tables: tuple[int, int]) -> bytes:
     return _SVC_VALUE.pack(svc_id, len(spec.cluster), len(spec.local), gen, int(kind), spec.flags_for(kind),
-                           spec.affinity_s)
+                           spec.affinity_s, *tables)
+
+
+def _pack_tables(svc_id: int, gen: int, spec: LbService, tables: tuple[int, int]) -> tuple[bytes, bytes, int]:
+    """Keys and values of both sets' Maglev table chunks (maglev_map), and their count."""
+    keys, vals = [], []
+    for set_, bs, m in zip(SETS, (spec.cluster, spec.local), tables):
+        if m:
+            cs = maglev.chunks(bs, m)
+            keys.extend(_MAGLEV_KEY.pack(svc_id, i, gen, set_) for i in range(len(cs)))
+            vals.extend(cs)
+    return b"".join(keys), b"".join(vals), len(keys)
 
 
 def _svc_key(key: ServiceKey) -> bytes:
@@ -98,8 +111,10 @@ class ServiceTable:
     long-lived writer (the controller) never rescans the maps per change; `forget()`
     drops that record after edits behind its back."""
 
-    def __init__(self, maps: Maps):
+    def __init__(self, maps: Maps, maglev_table_size: int = maglev.DEFAULT_TABLE_SIZE):
         self.maps = maps
+        self.maglev_max = maglev.check_table_size(maglev_table_size)
+        self._chunks_used = 0
         self._states: dict[ServiceKey, ServiceState] | None = None
         self._owner: dict[ServiceKey, ServiceKey] = {}     # frontend -> primary key
         self._ids: set[int] = set()
@@ -135,6 +150,7 @@ class ServiceTable:
             self._remember(st)
         self._ids = {st.svc_id for st in actual.values()}
         self._slots_used = len(self.maps.backends.items())
+        self._chunks_used = sum(1 for _ in self.maps.maglev.keys())
         self._entries = len(self.maps.services.items())  # frontends and markers
         self._ranges_used = sum(len(st.spec.source_ranges) for st in actual.values())
 
@@ -171,6 +187,7 @@ class ServiceTable:
         slots: dict[tuple[int, int, int], dict[int, Backend]] = {}
         for k, v in self.maps.backends.items():
             slots.setdefault((k.svc_id, k.gen, k.set), {})[k.slot] = Backend.from_c(v)
+        chunks: Counter[tuple[int, int, int]] = Counter((k.svc_id, k.gen, k.set) for k in self.maps.maglev.keys())
         ranges: dict[int, list[str]] = {}
         for k in self.maps.src_ranges.keys():
             ranges.setdefault(k.svc_id, []).append(f"{raw_to_ip(k.addr)}/{k.prefixlen - 32}")
@@ -182,12 +199,15 @@ class ServiceTable:
         for svc_id, entries in by_id.items():
             entries.sort(key=lambda e: (e[1].kind != Kind.CLUSTER_IP, e[0]))
             key, v = entries[0]
-            def backends(set_: int, n: int) -> tuple[Backend, ...]:
+            def backends(set_: int, n: int, m: int) -> tuple[Backend, ...]:
                 got = slots.get((svc_id, v.gen, set_), {})
+                if n > 1 and (not m or chunks[(svc_id, v.gen, set_)] != maglev.n_chunks(m)):
+                    return ()  # no complete table: read as broken, so a reconcile rewrites the set
                 return tuple(got[i] for i in range(n) if i in got)
             ext = [e for e in entries[1:]]
             spec = LbService(
-                key=key, cluster=backends(SETS[0], v.count), local=backends(SETS[1], v.local_count),
+                key=key, cluster=backends(SETS[0], v.count, v.table_size),
+                local=backends(SETS[1], v.local_count, v.local_table_size),
                 frontends=tuple(Frontend(k, Kind(e.kind)) for k, e in ext),
                 internal_local=bool(v.flags & C["SVC_F_LOCAL"]),
                 external_local=any(e.flags & C["SVC_F_LOCAL"] for _, e in ext),
@@ -195,7 +215,7 @@ class ServiceTable:
                 affinity_s=v.affinity_s if v.flags & C["SVC_F_AFFINITY"] else 0,
                 source_ranges=tuple(ranges.get(svc_id, ())),
             ).canonical()
-            out[key] = ServiceState(key, svc_id, v.gen, spec)
+            out[key] = ServiceState(key, svc_id, v.gen, spec, (v.table_size, v.local_table_size))
         return out
 
     def get(self, key: ServiceKey) -> ServiceState | None:
@@ -213,7 +233,7 @@ class ServiceTable:
         return tuple(Backend.from_c(b) for b in bs if b is not None)
 
     # --- writing ------------------------------------------------------------------------
-    def _check_capacity(self, services: int, slots: int, entries: int = 0, ranges: int = 0) -> None:
+    def _check_capacity(self, services: int, slots: int, entries: int = 0, ranges: int = 0, chunks: int = 0) -> None:
         capacity = self.maps.svc_stats.max_entries
         if len(self._ids) + services > capacity - 1:  # svc_id 0 is never used
             raise KxlbError(f"service map full: {len(self._ids)} of {capacity - 1} service ports used, "
@@ -221,6 +241,9 @@ class ServiceTable:
         if self._slots_used + slots > self.maps.backends.max_entries:
             raise KxlbError(f"backend map full: {self._slots_used} of {self.maps.backends.max_entries} slots "
                             f"used, {slots} more needed")
+        if self._chunks_used + chunks > self.maps.maglev.max_entries:
+            raise KxlbError(f"Maglev table map full: {self._chunks_used} of {self.maps.maglev.max_entries} chunks "
+                            f"used, {chunks} more needed (a smaller --maglev-table-size needs fewer)")
         if ranges > 0 and self._ranges_used + ranges > self.maps.src_ranges.max_entries:
             raise KxlbError(f"source range map full: {self._ranges_used} of {self.maps.src_ranges.max_entries} "
                             f"loadBalancerSourceRanges used, {ranges} more needed")
@@ -237,35 +260,50 @@ class ServiceTable:
 
     def _prepare(self, spec: LbService) -> LbService:
         spec.validate(MAX_PER_SVC)
+        maglev.check_set(spec.label, "backends", len(spec.cluster), self.maglev_max)
+        maglev.check_set(spec.label, "local backends", len(spec.local), self.maglev_max)
         self.states  # load the record
         return spec.canonical()
 
-    def _write_slots(self, spec: LbService, svc_id: int, gen: int) -> None:
+    def tables_for(self, spec: LbService) -> tuple[int, int]:
+        """Maglev table sizes of a spec's two sets under this table's maximum."""
+        return maglev.table_size(len(spec.cluster), self.maglev_max), maglev.table_size(len(spec.local), self.maglev_max)
+
+    def _write_slots(self, spec: LbService, svc_id: int, gen: int, tables: tuple[int, int]) -> None:
+        """Both sets' slots and Maglev tables under ``gen``."""
         keys, vals = [], []
         for set_, bs in zip(SETS, (spec.cluster, spec.local)):
             k, v = _pack_set(svc_id, gen, set_, bs)
             keys.append(k)
             vals.append(v)
         n = len(spec.cluster) + len(spec.local)
+        tkeys, tvals, nt = _pack_tables(svc_id, gen, spec, tables)
         try:
             self.maps.backends.put_many_raw(b"".join(keys), b"".join(vals), n)
+            self.maps.maglev.put_many_raw(tkeys, tvals, nt)
         except OSError as exc:
-            self._delete_slots(spec, svc_id, gen, written=False)
+            self._delete_slots(spec, svc_id, gen, tables, written=False)
             raise MapWriteError(f"service {spec.label}: writing backends failed: {exc}") from None
         self._slots_used += n
+        self._chunks_used += nt
 
-    def _delete_slots(self, spec: LbService, svc_id: int, gen: int, written: bool = True) -> None:
-        gone = 0
-        for set_, bs in zip(SETS, (spec.cluster, spec.local)):
+    def _delete_slots(self, spec: LbService, svc_id: int, gen: int, tables: tuple[int, int],
+                      written: bool = True) -> None:
+        gone = chunks_gone = 0
+        for set_, bs, m in zip(SETS, (spec.cluster, spec.local), tables):
             for i in range(len(bs)):
                 gone += self.maps.backends.delete(BackendKey(svc_id=svc_id, slot=i, gen=gen, set=set_))
+            for i in range(maglev.n_chunks(m)):
+                chunks_gone += self.maps.maglev.delete(MaglevKey(svc_id=svc_id, chunk=i, gen=gen, set=set_))
         if written:
             self._slots_used -= gone
+            self._chunks_used -= chunks_gone
 
-    def _write_entries(self, spec: LbService, svc_id: int, gen: int, flags: int = bpfsys.BPF_ANY) -> None:
+    def _write_entries(self, spec: LbService, svc_id: int, gen: int, tables: tuple[int, int],
+                       flags: int = bpfsys.BPF_ANY) -> None:
         fes = spec.all_frontends
         self.maps.services.put_many_raw(b"".join(_svc_key(fe.key) for fe in fes),
-                                        b"".join(_svc_value(spec, fe.kind, svc_id, gen) for fe in fes),
+                                        b"".join(_svc_value(spec, fe.kind, svc_id, gen, tables) for fe in fes),
                                         len(fes), flags)
 
     def _put_ranges(self, svc_id: int, cidrs: Iterable[str]) -> None:
@@ -310,64 +348,68 @@ class ServiceTable:
         old = cur.spec
         svc_id, gen = cur.svc_id, cur.gen
         sets_changed = (old.cluster, old.local) != (spec.cluster, spec.local)
+        # Unchanged sets keep their tables (and sizes): a new --maglev-table-size applies
+        # to a set when it next changes.
+        tables = self.tables_for(spec) if sets_changed else cur.tables
         added_entries = len(spec.frontends) - len(old.frontends)
         new_ranges = set(spec.source_ranges) - set(old.source_ranges)
         self._check_capacity(0, len(spec.cluster) + len(spec.local) if sets_changed else 0, added_entries,
-                             len(new_ranges))
+                             len(new_ranges), sum(map(maglev.n_chunks, tables)) if sets_changed else 0)
         if sets_changed:
             gen = 1 - cur.gen
-            self._write_slots(spec, svc_id, gen)               # 1. invisible new generation
+            self._write_slots(spec, svc_id, gen, tables)       # 1. invisible new generation
         try:
             self._put_ranges(svc_id, new_ranges)
         except OSError as exc:
             self._delete_ranges(svc_id, new_ranges)
             if sets_changed:
-                self._delete_slots(spec, svc_id, gen)
+                self._delete_slots(spec, svc_id, gen, tables)
             raise MapWriteError(f"service {spec.label}: writing source ranges failed: {exc}") from None
         gone = {fe.key for fe in old.frontends} - {fe.key for fe in spec.frontends}
         for k in gone:                                         # 2a. frontends that went
             self.maps.services.delete(k.to_c())
         try:
-            self._write_entries(spec, svc_id, gen)             # 2b. every frontend flips at once
+            self._write_entries(spec, svc_id, gen, tables)     # 2b. every frontend flips at once
         except OSError as exc:
             try:
-                self._write_entries(old, svc_id, cur.gen)
+                self._write_entries(old, svc_id, cur.gen, cur.tables)
             except OSError:
                 pass
             if sets_changed:
-                self._delete_slots(spec, svc_id, gen)
+                self._delete_slots(spec, svc_id, gen, tables)
             self._forget_state(cur)
             self._states = None                                # unknown now: re-read next time
             raise MapWriteError(f"service {spec.label}: switching to the new frontends/backends failed: {exc}") from None
         self._entries += added_entries
         if sets_changed:
-            self._delete_slots(old, svc_id, cur.gen)           # 3. the old generation goes
+            self._delete_slots(old, svc_id, cur.gen, cur.tables)  # 3. the old generation goes
         self._delete_ranges(svc_id, set(old.source_ranges) - set(spec.source_ranges))
         if old.affinity_s and (not spec.affinity_s or sets_changed):
             self._forget_affinity(svc_id, (set(spec.cluster), set(spec.local)) if spec.affinity_s else None)
         self._forget_state(cur)
-        st = ServiceState(spec.key, svc_id, gen, spec)
+        st = ServiceState(spec.key, svc_id, gen, spec, tables)
         self._remember(st)
         return st
 
     def _add(self, spec: LbService) -> ServiceState:
+        tables = self.tables_for(spec)
         self._check_capacity(1, len(spec.cluster) + len(spec.local), len(spec.all_frontends) + 1,
-                             len(spec.source_ranges))
+                             len(spec.source_ranges), sum(map(maglev.n_chunks, tables)))
         capacity = self.maps.svc_stats.max_entries
         svc_id = next(i for i in range(1, capacity) if i not in self._ids)
         # 1. fresh counters, 2. slots and ranges, 3. the entries that make them reachable.
         self.maps.svc_stats.put(ctypes.c_uint32(svc_id), SvcCounters())
-        self._write_slots(spec, svc_id, 0)
+        self._write_slots(spec, svc_id, 0, tables)
         try:
             self._put_ranges(svc_id, spec.source_ranges)
-            self._write_entries(spec, svc_id, 0, bpfsys.BPF_NOEXIST)
+            self._write_entries(spec, svc_id, 0, tables, bpfsys.BPF_NOEXIST)
         except OSError as exc:
             for fe in spec.all_frontends:
                 self.maps.services.delete(fe.key.to_c())
-            self._delete_slots(spec, svc_id, 0)
+            self._delete_slots(spec, svc_id, 0, tables)
             self._delete_ranges(svc_id, spec.source_ranges)
             raise MapWriteError(f"service {spec.label}: writing the service entries failed: {exc}") from None
-        st = ServiceState(spec.key, svc_id, 0, spec)
+        st = ServiceState(spec.key, svc_id, 0, spec, tables)
         self._ids.add(svc_id)
         self._entries += len(spec.all_frontends)
         self._remember(st)
@@ -401,13 +443,16 @@ class ServiceTable:
                     raise KxlbError(f"service {s.label}: frontend {fe} is listed by another service too")
                 seen.add(fe.key)
         n_slots = sum(len(s.cluster) + len(s.local) for s in checked)
+        tables = [self.tables_for(s) for s in checked]
         self._check_capacity(len(checked), n_slots, len(seen) + len({s.key.vip for s in checked}),
-                             sum(len(s.source_ranges) for s in checked))
+                             sum(len(s.source_ranges) for s in checked),
+                             sum(maglev.n_chunks(m) for t in tables for m in t))
         capacity = self.maps.svc_stats.max_entries
         free = (i for i in range(1, capacity) if i not in self._ids)
-        states = [ServiceState(s.key, next(free), 0, s) for s in checked]
+        states = [ServiceState(s.key, next(free), 0, s, t) for s, t in zip(checked, tables)]
         # Packed with struct, not one ctypes object per entry: a full sync writes ~100k.
         slot_keys, slot_vals, svc_keys, svc_vals = [], [], [], []
+        n_chunks = 0
         for st in states:
             for set_, bs in zip(SETS, (st.spec.cluster, st.spec.local)):
                 k, v = _pack_set(st.svc_id, 0, set_, bs)
@@ -415,12 +460,24 @@ class ServiceTable:
                 slot_vals.append(v)
             for fe in st.spec.all_frontends:
                 svc_keys.append(_svc_key(fe.key))
-                svc_vals.append(_svc_value(st.spec, fe.kind, st.svc_id, 0))
+                svc_vals.append(_svc_value(st.spec, fe.kind, st.svc_id, 0, st.tables))
         try:
             # Fresh counters for ids a deleted service may have used, then slots, ranges, entries.
             for st in states:
                 self.maps.svc_stats.put(ctypes.c_uint32(st.svc_id), SvcCounters())
             self.maps.backends.put_many_raw(b"".join(slot_keys), b"".join(slot_vals), n_slots)
+            # Tables in batches of about 4 MB: 10k services' chunks in one buffer (packed,
+            # joined, copied to ctypes) would add tens of MB to the controller's peak RSS.
+            table_keys, table_vals, pending = [], [], 0
+            for i, st in enumerate(states):
+                k, v, nt = _pack_tables(st.svc_id, 0, st.spec, st.tables)
+                table_keys.append(k)
+                table_vals.append(v)
+                pending += nt
+                if pending >= 4096 or i == len(states) - 1:
+                    self.maps.maglev.put_many_raw(b"".join(table_keys), b"".join(table_vals), pending)
+                    n_chunks += pending
+                    table_keys, table_vals, pending = [], [], 0
             for st in states:
                 self._put_ranges(st.svc_id, st.spec.source_ranges)
             self.maps.services.put_many_raw(b"".join(svc_keys), b"".join(svc_vals), len(svc_keys))
@@ -428,10 +485,11 @@ class ServiceTable:
             for st in states:
                 for fe in st.spec.all_frontends:
                     self.maps.services.delete(fe.key.to_c())
-                self._delete_slots(st.spec, st.svc_id, 0, written=False)
+                self._delete_slots(st.spec, st.svc_id, 0, st.tables, written=False)
                 self._delete_ranges(st.svc_id, st.spec.source_ranges)
             raise MapWriteError(f"adding {len(states)} services failed: {exc}") from None
         self._slots_used += n_slots
+        self._chunks_used += n_chunks
         self._entries += len(svc_keys)
         new_vips = {st.key.vip for st in states} - set(self._vip_users)
         for st in states:
@@ -459,8 +517,9 @@ class ServiceTable:
             self._entries -= self.maps.services.delete(fe.key.to_c())
         self._forget_state(cur)
         self._ids.discard(cur.svc_id)
+        self.maps.svc_stats.delete(ctypes.c_uint32(cur.svc_id))  # its memory (maps.h svc_stats)
         self._sync_marker(key.vip)
-        self._delete_slots(cur.spec, cur.svc_id, cur.gen)
+        self._delete_slots(cur.spec, cur.svc_id, cur.gen, cur.tables)
         self._delete_ranges(cur.svc_id, cur.spec.source_ranges)
         if cur.spec.affinity_s:
             self._forget_affinity(cur.svc_id, None)
@@ -504,9 +563,17 @@ class DatapathConfig:
     cluster_cidr: str | None = None       # kube-proxy's detect-local; None: all clients external
     service_cidrs: tuple[str, ...] = ()   # ServiceCIDRs: bad ports rejected, the rest dropped
     masquerade_all: bool = False          # --masquerade-all
+    # Source ports for masqueraded (and collision-remapped) flows: a range the node's own
+    # sockets never use (controller: above ip_local_port_range). None: consts.h defaults.
+    src_ports: tuple[int, int] | None = None
 
     def to_c(self) -> LbConfig:
         cfg = LbConfig()
+        if self.src_ports is not None:
+            lo, hi = self.src_ports
+            if not 1024 <= lo <= hi <= 65535:
+                raise KxlbError(f"masquerade source ports {lo}-{hi}: expected a range within 1024-65535")
+            cfg.src_port_min, cfg.src_port_max = lo, hi
         if self.snat_addr:
             cfg.snat_addr = ip_to_raw(parse_ipv4(self.snat_addr, "masquerade address"))
         if self.cluster_cidr:
@@ -532,4 +599,5 @@ class DatapathConfig:
             cluster_cidr=net(c.cluster_cidr, c.cluster_mask) if c.cluster_mask else None,
             service_cidrs=tuple(net(c.svc_cidr[i], c.svc_mask[i]) for i in range(C["MAX_SVC_CIDRS"]) if c.svc_mask[i]),
             masquerade_all=bool(c.flags & C["CFG_F_MASQUERADE_ALL"]),
+            src_ports=(c.src_port_min, c.src_port_max) if c.src_port_min else None,
         )

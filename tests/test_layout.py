@@ -61,11 +61,13 @@ def test_constants_come_from_the_header():
 def test_bulk_packing_matches_the_ctypes_mirrors():
     """loader/services.py packs bulk writes with struct: same bytes as the mirrors."""
     from kxlb.loader import services as sv
-    from kxlb.loader.layout import Backend, BackendKey, ServiceKey, SvcValue
+    from kxlb.loader.layout import Backend, BackendKey, MaglevKey, ServiceKey, SvcValue
 
     b, k = Backend("10.1.2.3", 8080), ServiceKey("10.96.0.10", 53, 17)
     assert sv._BACKEND.pack(b"\x0a\x01\x02\x03", (8080).to_bytes(2, "big"), 0) == bytes(b.to_c())
     assert sv._BACKEND_KEY.pack(7, 3, 1, 1) == bytes(BackendKey(svc_id=7, slot=3, gen=1, set=1))
     assert sv._SVC_KEY.pack(b"\x0a\x60\x00\x0a", (53).to_bytes(2, "big"), 17, 0) == bytes(k.to_c())
-    assert sv._SVC_VALUE.pack(9, 4, 2, 1, 3, 0x0102, 600) == bytes(
-        SvcValue(svc_id=9, count=4, local_count=2, gen=1, kind=3, flags=0x0102, affinity_s=600))
+    assert sv._SVC_VALUE.pack(9, 4, 2, 1, 3, 0x0102, 600, 251, 1021) == bytes(
+        SvcValue(svc_id=9, count=4, local_count=2, gen=1, kind=3, flags=0x0102, affinity_s=600, table_size=251,
+                 local_table_size=1021))
+    assert sv._MAGLEV_KEY.pack(7, 34, 1, 1) == bytes(MaglevKey(svc_id=7, chunk=34, gen=1, set=1))

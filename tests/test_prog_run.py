@@ -16,6 +16,7 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP
 
 from harness import CLIENT_MAC, ICMP, IP, NODE_MAC, TCP, UDP, Ether, IPerror, assert_checksums, eth
+from kxlb.loader import conntrack
 from kxlb.loader.layout import C, Backend, CtKey, ServiceKey, ip_to_raw, port_to_raw
 from kxlb.loader.services import DatapathConfig, ServiceTable
 
@@ -46,12 +47,17 @@ def syn(sport=40000, dst=VIP, dport=PORT, flags="S", client=CLIENT):
 
 
 def ct_entry(maps, src, sport, dst, dport, proto, direction):
-    return maps.conntrack.get(CtKey(saddr=ip_to_raw(src), daddr=ip_to_raw(dst), sport=port_to_raw(sport),
-                                    dport=port_to_raw(dport), proto=proto, dir=direction))
+    """The flow whose `direction` entry is keyed src:sport -> dst:dport (REV keys are
+    stored in canonical order), read through loader/conntrack.py."""
+    raw = (ip_to_raw(src), port_to_raw(sport), ip_to_raw(dst), port_to_raw(dport))
+    if direction == C["CT_DIR_REV"]:
+        key = conntrack.rev_key(*raw, proto)
+    else:
+        key = CtKey(saddr=raw[0], sport=raw[1], daddr=raw[2], dport=raw[3], proto=proto, dir=direction)
+    return conntrack.get_flow(maps, key)
 
 
-def monotonic_ns():
-    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+monotonic_ns = conntrack.now_ns  # the datapath's clock
 
 
 def test_new_tcp_flow_is_dnated_to_a_backend_and_tracked(hook, table):
@@ -322,6 +328,10 @@ def test_backend_swap_never_exposes_a_half_written_service(hook, table):
 NODE_IP = "10.250.0.11"
 
 
+def in_src_port_range(port: int) -> bool:
+    return C["SRC_PORT_MIN"] <= port <= C["SRC_PORT_MAX"]
+
+
 @pytest.fixture
 def masquerade(table):
     table.set_config(DatapathConfig(snat_addr=NODE_IP, cluster_cidr="10.0.0.0/16"))
@@ -333,8 +343,9 @@ def test_hairpin_flow_is_masqueraded_both_ways(hook, masquerade):
     masquerade.set_backends(TCP_SVC, [Backend(CLIENT, 8080)])  # the client is the backend
     verdict, out = hook.run(syn(sport=40500))
     p = assert_checksums(out)
-    assert (p[IP].src, p[TCP].sport, p[IP].dst, p[TCP].dport) == (NODE_IP, 40500, CLIENT, 8080)
-    reply = eth(IP(src=CLIENT, dst=NODE_IP) / TCP(sport=8080, dport=40500, flags="SA") / b"r")
+    assert (p[IP].src, p[IP].dst, p[TCP].dport) == (NODE_IP, CLIENT, 8080)
+    assert in_src_port_range(p[TCP].sport)  # never the client's port: the node's sockets could hold it
+    reply = eth(IP(src=CLIENT, dst=NODE_IP) / TCP(sport=8080, dport=p[TCP].sport, flags="SA") / b"r")
     p = assert_checksums(hook.run(reply)[1])
     assert (p[IP].src, p[TCP].sport, p[IP].dst, p[TCP].dport) == (VIP, PORT, CLIENT, 40500)
 
@@ -343,11 +354,11 @@ def test_clients_outside_the_cluster_cidr_are_masqueraded_inside_ones_not(hook, 
     inside = Ether(hook.run(syn(sport=40600))[1])
     assert inside[IP].src == CLIENT
     outside = assert_checksums(hook.run(syn(sport=40600, client="192.0.2.9"))[1])
-    assert (outside[IP].src, outside[TCP].sport) == (NODE_IP, 40600)
-    backend = outside[IP].dst
-    reply = eth(IP(src=backend, dst=NODE_IP) / UDP(sport=8080, dport=40600) / b"r")
+    assert outside[IP].src == NODE_IP and in_src_port_range(outside[TCP].sport)
+    backend, port = outside[IP].dst, outside[TCP].sport
+    reply = eth(IP(src=backend, dst=NODE_IP) / UDP(sport=8080, dport=port) / b"r")
     assert Ether(hook.run(reply)[1])[IP].dst == NODE_IP  # UDP: no such flow, untouched
-    p = assert_checksums(hook.run(eth(IP(src=backend, dst=NODE_IP) / TCP(sport=8080, dport=40600, flags="SA")))[1])
+    p = assert_checksums(hook.run(eth(IP(src=backend, dst=NODE_IP) / TCP(sport=8080, dport=port, flags="SA")))[1])
     assert (p[IP].src, p[IP].dst, p[TCP].dport) == (VIP, "192.0.2.9", 40600)
 
 
@@ -355,7 +366,7 @@ def test_masquerade_port_collision_picks_another_port(hook, masquerade):
     masquerade.set_backends(TCP_SVC, BACKENDS[:1])
     a = assert_checksums(hook.run(syn(sport=40700, client="192.0.2.1"))[1])
     b = assert_checksums(hook.run(syn(sport=40700, client="192.0.2.2"))[1])
-    assert a[TCP].sport == 40700 and b[TCP].sport != 40700 and b[TCP].sport >= C["SNAT_PORT_MIN"]
+    assert a[TCP].sport != b[TCP].sport and in_src_port_range(a[TCP].sport) and in_src_port_range(b[TCP].sport)
     for p, client in ((a, "192.0.2.1"), (b, "192.0.2.2")):
         back = eth(IP(src=p[IP].dst, dst=NODE_IP) / TCP(sport=8080, dport=p[TCP].sport, flags="SA"))
         r = Ether(hook.run(back)[1])
