@@ -196,6 +196,8 @@ struct lb_config {
 	__be32 svc_mask[KXLB_MAX_SVC_CIDRS];
 	__u16  src_port_min; /* source ports given to masqueraded and remapped flows: a */
 	__u16  src_port_max; /* range no socket of the node uses (0: KXLB_SRC_PORT_MIN/MAX) */
+	__be32 node_addr;    /* the node's own address: the client of its processes' flows
+			      * (socket hooks) as source ranges see it (0: snat_addr) */
 };
 
 /* sock_rev: socket-level translation (sock.c) of host processes. Which VIP:port a

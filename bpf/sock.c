@@ -147,7 +147,8 @@ static __always_inline int sock_translate(struct bpf_sock_addr *ctx, __be32 *add
 	struct svc_value sv = *svp;
 	struct lb_config *cfg = lb_config_get();
 	__u64 cookie = bpf_get_socket_cookie(ctx);
-	struct lb_flow f = {.client = cfg ? cfg->snat_addr : 0, .origin = KXLB_ORIGIN_NODE,
+	struct lb_flow f = {.client = cfg ? (cfg->node_addr ? cfg->node_addr : cfg->snat_addr) : 0,
+			    .origin = KXLB_ORIGIN_NODE,
 			    .hash = flow_hash((__u32)cookie, (__u32)(cookie >> 32), sk.port, KXLB_HASH_SEED)};
 
 	switch (lb_decide(&sk, &sv, &f, cfg, &c)) {

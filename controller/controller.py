@@ -426,7 +426,8 @@ class Controller:
                 self._src_ports = ()
         want = DatapathConfig(snat_addr=self.config.masquerade_address or self._node_ip,
                               cluster_cidr=local, service_cidrs=cidrs[:C["MAX_SVC_CIDRS"]],
-                              masquerade_all=self.config.masquerade_all, src_ports=self._src_ports or None)
+                              masquerade_all=self.config.masquerade_all, src_ports=self._src_ports or None,
+                              node_addr=self._node_ip)
         if want == self._dp_config:
             return
         if len(cidrs) > C["MAX_SVC_CIDRS"]:

@@ -99,7 +99,7 @@ class SrcRangeKey(ctypes.Structure):
 class LbConfig(ctypes.Structure):
     _fields_ = [("snat_addr", u32), ("cluster_cidr", u32), ("cluster_mask", u32), ("flags", u32),
                 ("svc_cidr", u32 * C["MAX_SVC_CIDRS"]), ("svc_mask", u32 * C["MAX_SVC_CIDRS"]),
-                ("src_port_min", u16), ("src_port_max", u16)]
+                ("src_port_min", u16), ("src_port_max", u16), ("node_addr", u32)]
 
 
 class SockRevKey(ctypes.Structure):

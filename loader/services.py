@@ -566,6 +566,10 @@ class DatapathConfig:
     # Source ports for masqueraded (and collision-remapped) flows: a range the node's own
     # sockets never use (controller: above ip_local_port_range). None: consts.h defaults.
     src_ports: tuple[int, int] | None = None
+    # The node's own address: what loadBalancerSourceRanges see as the source of the
+    # node's processes (socket hooks). None: snat_addr (the same unless
+    # --masquerade-address differs from the node's IP).
+    node_addr: str | None = None
 
     def to_c(self) -> LbConfig:
         cfg = LbConfig()
@@ -576,6 +580,8 @@ class DatapathConfig:
             cfg.src_port_min, cfg.src_port_max = lo, hi
         if self.snat_addr:
             cfg.snat_addr = ip_to_raw(parse_ipv4(self.snat_addr, "masquerade address"))
+        if self.node_addr:
+            cfg.node_addr = ip_to_raw(parse_ipv4(self.node_addr, "node address"))
         if self.cluster_cidr:
             net = _ipv4_net(self.cluster_cidr, "cluster CIDR")
             cfg.cluster_cidr = ip_to_raw(str(net.network_address))
@@ -600,4 +606,5 @@ class DatapathConfig:
             service_cidrs=tuple(net(c.svc_cidr[i], c.svc_mask[i]) for i in range(C["MAX_SVC_CIDRS"]) if c.svc_mask[i]),
             masquerade_all=bool(c.flags & C["CFG_F_MASQUERADE_ALL"]),
             src_ports=(c.src_port_min, c.src_port_max) if c.src_port_min else None,
+            node_addr=raw_to_ip(c.node_addr) if c.node_addr else None,
         )

@@ -306,3 +306,30 @@ def test_connected_udp_sockets_to_a_removed_backend_are_destroyed(host, fam):
     assert last["directs"] == [["be0", "be0"], ["be1", "be1"], ["be2", "be2"]]
     assert last["other"] == "be0" and last["tcp"] == "be0"
     assert took < 1.0
+
+
+def test_source_ranges_see_the_nodes_own_address_not_the_masquerade_one(host):
+    """loadBalancerSourceRanges that allow the node: its processes pass even when
+    --masquerade-address (snat_addr) is another address, because the socket hooks judge
+    them by the node's own address, as kube-proxy's firewall sees the node's packets."""
+    from kxlb.loader.maps import Maps
+    from kxlb.loader.services import DatapathConfig, ServiceTable
+
+    node_ip, lb_ip = host.lab.node_client_ip, "10.250.100.9"
+    host.kxlb("service", "add", "10.96.7.9:80/tcp", host.be(0), "--load-balancer-ip", lb_ip,
+              "--source-range", f"{node_ip}/32")
+    host.kxlb("service", "add", "10.96.7.10:80/tcp", host.be(0), "--load-balancer-ip", "10.250.100.10",
+              "--source-range", "192.0.2.0/24")
+    code = r'''
+for ip in sys.argv[1:]:
+    s = mk("v4", socket.SOCK_STREAM); s.settimeout(5)
+    try: s.connect((ip, 80)); out("connected")
+    except OSError as e: out(err(e))
+'''
+    with Maps.open(host.pin_dir) as maps:
+        table = ServiceTable(maps)
+        table.set_config(DatapathConfig(snat_addr="10.201.0.99", node_addr=node_ip))
+        try:
+            assert host.run(code, lb_ip, "10.250.100.10") == ["connected", "ETIMEDOUT"]
+        finally:
+            table.set_config(DatapathConfig())
