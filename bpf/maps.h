@@ -245,13 +245,12 @@ BPF_TABLE_PINNED("lru_hash", struct frag_key, struct frag_value, frag_map,
 		 KXLB_FRAG_ENTRIES, KXLB_PIN_DIR "/frags");
 /* Per-service counters, per CPU (plain adds on the packet path), in chunks: svc_stats
  * maps a svc_id to the per-CPU array of its chunk of KXLB_STATS_CHUNK ids (index
- * svc_id % KXLB_STATS_CHUNK), created by user space when a service of that chunk is
- * added (loader/maps.py SvcStats). One array sized to the svc_id range would hold
- * 5 MB per possible CPU from the start (640 MB on a 128-CPU node); chunks hold
- * 160 KB per CPU per 4096 service ports in use, and a chunk no svc_id points to any
- * more is freed by the kernel. Two array lookups, both cheap: a per-CPU hash keyed by
- * svc_id measured ~55 ns more per packet. svc_stats_chunk is only the template the
- * verifier checks inner maps against. */
+ * svc_id % KXLB_STATS_CHUNK), created by user space when the chunk's first id is used
+ * (loader/maps.py SvcStats). One array sized to the svc_id range would hold 5 MB per
+ * possible CPU from the start (640 MB on a 128-CPU node); chunks hold 160 KB per CPU
+ * per 4096 service ports, following the highest count of service ports seen. Two
+ * array lookups (~20 ns); a per-CPU hash keyed by svc_id measured ~55 ns more per
+ * packet. svc_stats_chunk is only the template the verifier checks inner maps against. */
 BPF_TABLE("percpu_array", __u32, struct svc_counters, svc_stats_chunk, KXLB_STATS_CHUNK);
 BPF_TABLE_PINNED("array_of_maps$svc_stats_chunk", __u32, __u32, svc_stats,
 		 KXLB_MAX_SERVICES, KXLB_PIN_DIR "/svc_stats");

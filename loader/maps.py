@@ -160,10 +160,10 @@ class BpfMap(Generic[K, V]):
 
 class SvcStats:
     """Per-service counters (bpf/maps.h svc_stats): an array of maps from svc_id to the
-    per-CPU counter array of its chunk of KXLB_STATS_CHUNK ids. A service's counters
-    exist from its creation (``put``, which makes the chunk if needed) to its deletion
-    (``delete``: the datapath stops counting it, and a chunk no id points to is freed by
-    the kernel). Keys and values as a per-CPU map of c_uint32 -> SvcCounters."""
+    per-CPU counter array of its chunk of KXLB_STATS_CHUNK ids. ``put`` makes the chunk
+    when its first id is used (pointing all its ids at it) and resets an id's counters;
+    chunks are never unpointed, so memory follows the highest service count seen.
+    Keys and values as a per-CPU map of c_uint32 -> SvcCounters."""
 
     CHUNK = C["STATS_CHUNK"]
 
@@ -199,18 +199,35 @@ class SvcStats:
         return self._by_map_id[map_id.value]
 
     def _chunk_array(self, chunk: int) -> int:
-        """The counter array for a chunk: ours, or one an id of the chunk points to
-        (after a restart), or a new one."""
+        """The counter array for a chunk: ours, or the one its ids point to (after a
+        restart), or a new one. A chunk's ids are pointed at their array all at once,
+        in one batch, and stay so: the kernel waits for an RCU grace period after every
+        update of a map-in-map from user space (milliseconds), once per batch."""
         if chunk not in self._chunks:
-            lo = chunk * self.CHUNK
-            fd = next((f for f in map(self._array_of, range(lo, min(lo + self.CHUNK, self.max_entries)))
-                       if f is not None), None)
+            lo, hi = chunk * self.CHUNK, min((chunk + 1) * self.CHUNK, self.max_entries)
+            fd = self._array_of(lo)
             if fd is None:
-                fd = bpfsys.map_create(bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY, f"kxlb_stats{chunk}", 4,
-                                       ctypes.sizeof(SvcCounters), self.CHUNK)
-                self._by_map_id[bpfsys.map_info(fd).id] = fd
+                fd = next((f for f in map(self._array_of, range(lo + 1, hi)) if f is not None), None)
+                if fd is None:
+                    fd = bpfsys.map_create(bpfsys.BPF_MAP_TYPE_PERCPU_ARRAY, f"kxlb_stats{chunk}", 4,
+                                           ctypes.sizeof(SvcCounters), self.CHUNK)
+                    self._by_map_id[bpfsys.map_info(fd).id] = fd
+                self._point(range(lo, hi), fd)
             self._chunks[chunk] = fd
         return self._chunks[chunk]
+
+    def _point(self, ids: range, fd: int) -> None:
+        n = len(ids)
+        keys = (ctypes.c_uint32 * n)(*ids)
+        vals = (ctypes.c_uint32 * n)(*([fd] * n))
+        count = ctypes.c_uint32(n)
+        opts = bpfsys.batch_opts()
+        if bpfsys.lib().bpf_map_update_batch(self.fd, keys, vals, ctypes.byref(count), ctypes.byref(opts)) >= 0:
+            return
+        for i in ids:  # a kernel without batch updates of map-in-maps: one by one
+            bpfsys.check(bpfsys.lib().bpf_map_update_elem(self.fd, ctypes.byref(ctypes.c_uint32(i)),
+                                                          ctypes.byref(ctypes.c_uint32(fd)), bpfsys.BPF_ANY),
+                         f"update in {self.path}")
 
     def put(self, key: ctypes.c_uint32, value: SvcCounters) -> None:
         svc_id = key.value
@@ -221,13 +238,11 @@ class SvcStats:
         idx = ctypes.c_uint32(svc_id % self.CHUNK)
         bpfsys.check(bpfsys.lib().bpf_map_update_elem(fd, ctypes.byref(idx), ctypes.byref(buf), bpfsys.BPF_ANY),
                      f"reset counters of service id {svc_id}")
-        inner = ctypes.c_uint32(fd)
-        bpfsys.check(bpfsys.lib().bpf_map_update_elem(self.fd, ctypes.byref(key), ctypes.byref(inner), bpfsys.BPF_ANY),
-                     f"update in {self.path}")
 
     def delete(self, key: ctypes.c_uint32) -> bool:
-        ret = bpfsys.lib().bpf_map_delete_elem(self.fd, ctypes.byref(key))
-        return ret >= 0
+        """A deleted service's counters stay until its id is reused (put() resets them):
+        unpointing the id would cost the kernel's RCU wait, and the chunk stays anyway."""
+        return True
 
     def get(self, key: ctypes.c_uint32) -> list[SvcCounters] | None:
         fd = self._array_of(key.value)
