@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import ctypes
+import json
+import subprocess
+import sys
 from dataclasses import dataclass
 
 from scapy.layers.inet import ICMP, IP, TCP, UDP, IPerror, TCPerror, UDPerror
@@ -98,5 +101,47 @@ def _assert_quoted_l4_checksum(quoted, quote_len: int) -> None:
     assert got == want, f"quoted {layer.__name__} checksum {got:#x}, expected {want:#x}"
 
 
-__all__ = ["Hook", "eth", "assert_checksums", "IP", "TCP", "UDP", "ICMP", "IPerror", "TCPerror",
+FLIPPER = """
+import json, sys, time
+from kxlb.loader.layout import Backend, ServiceKey
+from kxlb.loader.maps import Maps
+from kxlb.loader.services import ServiceTable
+pin, seconds, key = sys.argv[1], float(sys.argv[2]), ServiceKey.parse(sys.argv[3])
+sets = [[Backend.parse(b) for b in s] for s in json.loads(sys.argv[4])]
+with Maps.open(pin) as maps:
+    table, flips, end = ServiceTable(maps), 0, time.monotonic() + seconds
+    print("go", flush=True)
+    while time.monotonic() < end:
+        table.set_backends(key, sets[flips % 2])
+        flips += 1
+print(flips, flush=True)
+"""
+
+
+def empty_maps(maps) -> None:
+    """Every entry a test may leave in the maps of a shared datapath (fixture ``dp``):
+    services and what hangs off them, and the flows."""
+    for m in (maps.services, maps.backends, maps.maglev, maps.src_ranges, maps.conntrack, maps.frags,
+              maps.affinity):
+        for k in list(m.keys()):
+            m.delete(k)
+
+
+def start_flipper(pin: str, seconds: float, key, sets) -> subprocess.Popen:
+    """Another process (as a controller would be) flips service ``key`` between two
+    backend sets as fast as it can for ``seconds``; returns once it has started."""
+    proc = subprocess.Popen([sys.executable, "-c", FLIPPER, pin, str(seconds), str(key),
+                             json.dumps([[str(b) for b in s] for s in sets])], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "go"
+    return proc
+
+
+def flips_done(proc: subprocess.Popen) -> int:
+    """How many times the flipper changed the service (waits for it to end)."""
+    flips = int(proc.stdout.read().split()[-1])
+    proc.wait()
+    return flips
+
+
+__all__ = ["empty_maps", "start_flipper", "flips_done", "Hook", "eth", "assert_checksums", "IP", "TCP", "UDP", "ICMP", "IPerror", "TCPerror",
            "UDPerror", "Ether", "PASS", "TRANSLATED", "DROP"]

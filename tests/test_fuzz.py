@@ -15,7 +15,7 @@ import os
 import pytest
 
 import fuzz
-from harness import IP, Ether, IPerror, assert_checksums
+from harness import empty_maps, IP, Ether, IPerror, assert_checksums
 from kxlb.loader.services import DatapathConfig, ServiceTable
 
 FRAMES = int(os.environ.get("FUZZ_FRAMES", "100000"))
@@ -28,9 +28,7 @@ def table(dp):
     t = ServiceTable(maps)
     fuzz.install_services(t)
     yield t
-    for m in (maps.services, maps.backends, maps.conntrack, maps.frags):
-        for k in list(m.keys()):
-            m.delete(k)
+    empty_maps(maps)
     t.set_config(DatapathConfig())
 
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import functools
 import socket
-import subprocess
 import sys
 from collections import Counter
 
 import pytest
 
-from harness import IP, TCP, eth
+from harness import empty_maps, IP, TCP, eth, flips_done, start_flipper
 from kxlb.loader import maglev
 from kxlb.loader.errors import KxlbError
 from kxlb.loader.layout import C, Backend, MaglevKey, ServiceKey
@@ -116,9 +115,7 @@ def table(dp):
     _, maps = dp
     t = ServiceTable(maps)
     yield t
-    for m in (maps.services, maps.backends, maps.maglev, maps.conntrack):
-        for k in list(m.keys()):
-            m.delete(k)
+    empty_maps(maps)
 
 
 def forget_flows(maps):
@@ -267,21 +264,7 @@ def test_a_set_larger_than_the_table_is_refused_clearly(dp):
         ServiceTable(maps, maglev_table_size=4096)
 
 
-FLIPPER = """
-import sys, time
-from kxlb.loader.layout import Backend, ServiceKey
-from kxlb.loader.maps import Maps
-from kxlb.loader.services import ServiceTable
-pin, seconds = sys.argv[1], float(sys.argv[2])
-sets = [[Backend(f"10.3.0.{i}", 9090) for i in range(1, 11)], [Backend(f"10.4.0.{i}", 8080) for i in range(1, 41)]]
-with Maps.open(pin) as maps:
-    table, flips, end = ServiceTable(maps), 0, time.monotonic() + seconds
-    print("go", flush=True)
-    while time.monotonic() < end:
-        table.set_backends(ServiceKey("10.96.7.7", 80, 6), sets[flips % 2])
-        flips += 1
-print(flips, flush=True)
-"""
+
 
 
 def test_flipping_between_table_sizes_never_mixes_tables(hook, table):
@@ -292,14 +275,12 @@ def test_flipping_between_table_sizes_never_mixes_tables(hook, table):
     allowed = {Backend(f"10.3.0.{i}", 9090) for i in range(1, 11)} | {Backend(f"10.4.0.{i}", 8080) for i in range(1, 41)}
     allowed |= set(backends(3))
     fl = flows(2000)
-    writer = subprocess.Popen([sys.executable, "-c", FLIPPER, table.maps.pin_dir, "2"], stdout=subprocess.PIPE,
-                              text=True)
-    assert writer.stdout.readline().strip() == "go"
+    sets = [[Backend(f"10.3.0.{i}", 9090) for i in range(1, 11)], [Backend(f"10.4.0.{i}", 8080) for i in range(1, 41)]]
+    writer = start_flipper(table.maps.pin_dir, 2, SVC, sets)
     sent = 0
     while writer.poll() is None and sent < len(fl):
         (be,) = picks(hook, fl[sent:sent + 1])
         assert be in allowed
         sent += 1
-    flips = int(writer.stdout.read().split()[-1])
-    writer.wait()
+    flips = flips_done(writer)
     assert flips > 20 and sent > 500, (flips, sent)

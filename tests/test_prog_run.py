@@ -6,16 +6,14 @@ checksums, the verdict, and map contents.
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
-import time
 
 import pytest
 from scapy.layers.inet import IPOption_NOP, fragment
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP
 
-from harness import CLIENT_MAC, ICMP, IP, NODE_MAC, TCP, UDP, Ether, IPerror, assert_checksums, eth
+from harness import (CLIENT_MAC, ICMP, IP, NODE_MAC, TCP, UDP, Ether, IPerror, assert_checksums, empty_maps, eth,
+                     flips_done, start_flipper)
 from kxlb.loader import conntrack
 from kxlb.loader.layout import C, Backend, CtKey, ServiceKey, ip_to_raw, port_to_raw
 from kxlb.loader.services import DatapathConfig, ServiceTable
@@ -37,9 +35,7 @@ def table(dp):
     t.add(TCP_SVC, BACKENDS)
     t.add(UDP_SVC, BACKENDS)
     yield t
-    for m in (maps.services, maps.backends, maps.conntrack, maps.frags):
-        for k in list(m.keys()):
-            m.delete(k)
+    empty_maps(maps)
 
 
 def syn(sport=40000, dst=VIP, dport=PORT, flags="S", client=CLIENT):
@@ -289,21 +285,7 @@ def test_per_service_counters(hook, table):
     assert after.fwd_bytes - before.fwd_bytes == 2 * len(raw)
 
 
-FLIPPER = """
-import sys, time
-from kxlb.loader.layout import Backend, ServiceKey
-from kxlb.loader.maps import Maps
-from kxlb.loader.services import ServiceTable
-pin, seconds = sys.argv[1], float(sys.argv[2])
-sets = [[Backend(f"10.2.0.{i}", 9090) for i in range(1, 6)], [Backend(f"10.1.0.{i}", 8080) for i in (11, 12, 13)]]
-with Maps.open(pin) as maps:
-    table, flips, end = ServiceTable(maps), 0, time.monotonic() + seconds
-    print("go", flush=True)
-    while time.monotonic() < end:
-        table.set_backends(ServiceKey("10.96.0.10", 80, 6), sets[flips % 2])
-        flips += 1
-print(flips, flush=True)
-"""
+
 
 
 def test_backend_swap_never_exposes_a_half_written_service(hook, table):
@@ -311,8 +293,8 @@ def test_backend_swap_never_exposes_a_half_written_service(hook, table):
     while new flows arrive: every packet must find a backend of one set or the other."""
     allowed = {(b.addr, b.port) for b in BACKENDS} | {(f"10.2.0.{i}", 9090) for i in range(1, 6)}
     frames = [bytes(syn(sport=1024 + n % 60000, client=f"10.9.{n // 60000}.1")) for n in range(8000)]
-    writer = subprocess.Popen([sys.executable, "-c", FLIPPER, table.maps.pin_dir, "2"], stdout=subprocess.PIPE, text=True)
-    assert writer.stdout.readline().strip() == "go"
+    sets = [[Backend(f"10.2.0.{i}", 9090) for i in range(1, 6)], BACKENDS]
+    writer = start_flipper(table.maps.pin_dir, 2, TCP_SVC, sets)
     sent = 0
     while writer.poll() is None and sent < len(frames):
         verdict, out = hook.run(frames[sent])
@@ -320,8 +302,7 @@ def test_backend_swap_never_exposes_a_half_written_service(hook, table):
         p = Ether(out)
         assert (p[IP].dst, p[TCP].dport) in allowed
         sent += 1
-    flips = int(writer.stdout.read().split()[-1])
-    writer.wait()
+    flips = flips_done(writer)
     assert flips > 50 and sent > 500, (flips, sent)
 
 

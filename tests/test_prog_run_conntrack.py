@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import ICMP, IP, TCP, UDP, Ether, Hook, IPerror, TCPerror, UDPerror, assert_checksums, eth
+from harness import ICMP, IP, TCP, UDP, Ether, Hook, IPerror, TCPerror, assert_checksums, empty_maps, eth
 from kxlb.loader import conntrack
 from kxlb.loader.layout import C, Backend, CtKey, ServiceKey, ip_to_raw, port_to_raw
 from kxlb.loader.services import DatapathConfig, ServiceTable
@@ -30,9 +30,7 @@ def table(dp):
     t = ServiceTable(maps)
     yield t
     t.set_config(DatapathConfig())
-    for m in (maps.services, maps.backends, maps.conntrack, maps.frags, maps.affinity):
-        for k in list(m.keys()):
-            m.delete(k)
+    empty_maps(maps)
 
 
 def udp(src, sport, dst, dport, payload=b"q"):

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from harness import ICMP, IP, TCP, UDP, Ether, assert_checksums, eth
+from harness import empty_maps, ICMP, IP, TCP, UDP, Ether, assert_checksums, eth
 from kxlb.loader.errors import KxlbError
 from kxlb.loader.layout import C, AffinityKey, Backend, ServiceKey, ip_to_raw
 from kxlb.loader.services import DatapathConfig, ServiceTable
@@ -40,9 +40,7 @@ def table(dp):
     t = ServiceTable(maps)
     t.set_config(CONFIG)
     yield t
-    for m in (maps.services, maps.backends, maps.conntrack, maps.affinity, maps.src_ranges):
-        for k in list(m.keys()):
-            m.delete(k)
+    empty_maps(maps)
     t.set_config(DatapathConfig())
 
 
