@@ -185,6 +185,21 @@ static __always_inline void ip_set_addr(struct iphdr *ip, __be32 *field, __be32 
 	*field = to;
 }
 
+/* Translate an ICMP error: its quote to s:sp -> d:dp, and the outer addresses that name a
+ * party of the quote (the error's sender or target, never a router on the way) with it:
+ * the quote's old source becomes s, its old destination d. */
+static __always_inline void icmp_translate(struct iphdr *ip, struct icmphdr *ih, struct iphdr *in,
+					   __u16 *in_ports, __u16 *l4c, __be32 s, __be16 sp, __be32 d, __be16 dp)
+{
+	__be32 old_s = in->saddr, old_d = in->daddr;
+
+	icmp_quote_rewrite(ih, in, in_ports, l4c, s, sp, d, dp);
+	if (ip->daddr == old_s)
+		ip_set_addr(ip, &ip->daddr, s);
+	if (ip->saddr == old_d)
+		ip_set_addr(ip, &ip->saddr, d);
+}
+
 /* ICMP error about a tracked flow (destination unreachable, fragmentation needed, time
  * exceeded, parameter problem): the quote is one of the flow's packets as the far side
  * saw it, and is translated to what the other side knows, as Linux conntrack's NAT
@@ -241,14 +256,8 @@ static __always_inline int icmp_error_nat(void *data, void *data_end, const stru
 	k.pad = 0;
 	e = ct_map.lookup(&k);
 	if (e && ct_live(e, k.proto, now)) {
-		__be32 client = e->client_addr, front = e->front_addr;
-
-		icmp_quote_rewrite(ih, in, in_ports, l4c, e->backend_addr, e->backend_port,
-				   e->src_addr, e->src_port);
-		if (ip->daddr == front)
-			ip_set_addr(ip, &ip->daddr, e->backend_addr);
-		if (ip->saddr == client)
-			ip_set_addr(ip, &ip->saddr, e->src_addr);
+		icmp_translate(ip, ih, in, in_ports, l4c, e->backend_addr, e->backend_port, e->src_addr,
+			       e->src_port);
 		svc_account(e->svc_id, KXLB_CT_DIR_FWD, p->len, 0);
 		return 1;
 	}
@@ -258,14 +267,8 @@ static __always_inline int icmp_error_nat(void *data, void *data_end, const stru
 	if (!e || !ct_live(e, k.proto, now) || e->src_addr != in->saddr || e->src_port != in_ports[0] ||
 	    e->backend_addr != in->daddr || e->backend_port != in_ports[1])
 		return 0;
-	__be32 backend = e->backend_addr, src = e->src_addr;
-
-	icmp_quote_rewrite(ih, in, in_ports, l4c, e->client_addr, e->client_port, e->front_addr,
-			   e->front_port);
-	if (ip->saddr == backend)
-		ip_set_addr(ip, &ip->saddr, e->front_addr);
-	if (ip->daddr == src)
-		ip_set_addr(ip, &ip->daddr, e->client_addr);
+	icmp_translate(ip, ih, in, in_ports, l4c, e->client_addr, e->client_port, e->front_addr,
+		       e->front_port);
 	svc_account(e->svc_id, KXLB_CT_DIR_REV, p->len, 0);
 	return 1;
 }

@@ -5,7 +5,9 @@ import ctypes
 import json
 import subprocess
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 from scapy.layers.inet import ICMP, IP, TCP, UDP, IPerror, TCPerror, UDPerror
 from scapy.layers.l2 import Ether
@@ -118,13 +120,22 @@ print(flips, flush=True)
 """
 
 
-def empty_maps(maps) -> None:
-    """Every entry a test may leave in the maps of a shared datapath (fixture ``dp``):
-    services and what hangs off them, and the flows."""
-    for m in (maps.services, maps.backends, maps.maglev, maps.src_ranges, maps.conntrack, maps.frags,
-              maps.affinity):
-        for k in list(m.keys()):
-            m.delete(k)
+@contextmanager
+def clean_table(maps) -> Iterator:
+    """A ServiceTable on a shared datapath (fixture ``dp``); afterwards every entry a test
+    may have left (services and what hangs off them, the flows) is gone and the node
+    configuration is back to none."""
+    from kxlb.loader.services import DatapathConfig, ServiceTable
+
+    t = ServiceTable(maps)
+    try:
+        yield t
+    finally:
+        for m in (maps.services, maps.backends, maps.maglev, maps.src_ranges, maps.conntrack, maps.frags,
+                  maps.affinity):
+            for k in list(m.keys()):
+                m.delete(k)
+        t.set_config(DatapathConfig())
 
 
 def start_flipper(pin: str, seconds: float, key, sets) -> subprocess.Popen:
@@ -143,5 +154,5 @@ def flips_done(proc: subprocess.Popen) -> int:
     return flips
 
 
-__all__ = ["empty_maps", "start_flipper", "flips_done", "Hook", "eth", "assert_checksums", "IP", "TCP", "UDP", "ICMP", "IPerror", "TCPerror",
+__all__ = ["clean_table", "start_flipper", "flips_done", "Hook", "eth", "assert_checksums", "IP", "TCP", "UDP", "ICMP", "IPerror", "TCPerror",
            "UDPerror", "Ether", "PASS", "TRANSLATED", "DROP"]

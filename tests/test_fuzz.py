@@ -15,8 +15,7 @@ import os
 import pytest
 
 import fuzz
-from harness import empty_maps, IP, Ether, IPerror, assert_checksums
-from kxlb.loader.services import DatapathConfig, ServiceTable
+from harness import clean_table, IP, Ether, IPerror, assert_checksums
 
 FRAMES = int(os.environ.get("FUZZ_FRAMES", "100000"))
 SEED = int(os.environ.get("FUZZ_SEED", "8"))
@@ -24,12 +23,9 @@ SEED = int(os.environ.get("FUZZ_SEED", "8"))
 
 @pytest.fixture(scope="module")
 def table(dp):
-    _, maps = dp
-    t = ServiceTable(maps)
-    fuzz.install_services(t)
-    yield t
-    empty_maps(maps)
-    t.set_config(DatapathConfig())
+    with clean_table(dp[1]) as t:
+        fuzz.install_services(t)
+        yield t
 
 
 @pytest.fixture(scope="module")

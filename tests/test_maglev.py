@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from harness import empty_maps, IP, TCP, eth, flips_done, start_flipper
+from harness import clean_table, IP, TCP, eth, flips_done, start_flipper
 from kxlb.loader import maglev
 from kxlb.loader.errors import KxlbError
 from kxlb.loader.layout import C, Backend, MaglevKey, ServiceKey
@@ -112,10 +112,8 @@ M32 = 0xFFFFFFFF
 
 @pytest.fixture
 def table(dp):
-    _, maps = dp
-    t = ServiceTable(maps)
-    yield t
-    empty_maps(maps)
+    with clean_table(dp[1]) as t:
+        yield t
 
 
 def forget_flows(maps):

@@ -12,11 +12,11 @@ from scapy.layers.inet import IPOption_NOP, fragment
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import ARP
 
-from harness import (CLIENT_MAC, ICMP, IP, NODE_MAC, TCP, UDP, Ether, IPerror, assert_checksums, empty_maps, eth,
+from harness import (CLIENT_MAC, ICMP, IP, NODE_MAC, TCP, UDP, Ether, IPerror, assert_checksums, clean_table, eth,
                      flips_done, start_flipper)
 from kxlb.loader import conntrack
 from kxlb.loader.layout import C, Backend, CtKey, ServiceKey, ip_to_raw, port_to_raw
-from kxlb.loader.services import DatapathConfig, ServiceTable
+from kxlb.loader.services import DatapathConfig
 
 CLIENT = "10.0.0.2"
 VIP, PORT = "10.96.0.10", 80
@@ -30,12 +30,10 @@ UDP_SVC = ServiceKey(VIP, PORT, 17)
 @pytest.fixture
 def table(dp):
     """Services TCP and UDP VIP:80 -> three backends; all maps emptied afterwards."""
-    _, maps = dp
-    t = ServiceTable(maps)
-    t.add(TCP_SVC, BACKENDS)
-    t.add(UDP_SVC, BACKENDS)
-    yield t
-    empty_maps(maps)
+    with clean_table(dp[1]) as t:
+        t.add(TCP_SVC, BACKENDS)
+        t.add(UDP_SVC, BACKENDS)
+        yield t
 
 
 def syn(sport=40000, dst=VIP, dport=PORT, flags="S", client=CLIENT):

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness import ICMP, IP, TCP, UDP, Ether, Hook, IPerror, TCPerror, assert_checksums, empty_maps, eth
+from harness import ICMP, IP, TCP, UDP, Ether, Hook, IPerror, TCPerror, assert_checksums, clean_table, eth
 from kxlb.loader import conntrack
 from kxlb.loader.layout import C, Backend, CtKey, ServiceKey, ip_to_raw, port_to_raw
-from kxlb.loader.services import DatapathConfig, ServiceTable
+from kxlb.loader.services import DatapathConfig
 
 CLIENT = "10.0.0.2"
 VIP1, VIP2, PORT = "10.96.0.10", "10.96.0.20", 53
@@ -26,11 +26,8 @@ SEC = 1_000_000_000
 
 @pytest.fixture
 def table(dp):
-    _, maps = dp
-    t = ServiceTable(maps)
-    yield t
-    t.set_config(DatapathConfig())
-    empty_maps(maps)
+    with clean_table(dp[1]) as t:
+        yield t
 
 
 def udp(src, sport, dst, dport, payload=b"q"):

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from harness import empty_maps, ICMP, IP, TCP, UDP, Ether, assert_checksums, eth
+from harness import clean_table, ICMP, IP, TCP, UDP, Ether, assert_checksums, eth
 from kxlb.loader.errors import KxlbError
 from kxlb.loader.layout import C, AffinityKey, Backend, ServiceKey, ip_to_raw
 from kxlb.loader.services import DatapathConfig, ServiceTable
@@ -36,12 +36,9 @@ CONFIG = DatapathConfig(snat_addr=NODE_IP, cluster_cidr="10.0.0.0/16", service_c
 
 @pytest.fixture
 def table(dp):
-    _, maps = dp
-    t = ServiceTable(maps)
-    t.set_config(CONFIG)
-    yield t
-    empty_maps(maps)
-    t.set_config(DatapathConfig())
+    with clean_table(dp[1]) as t:
+        t.set_config(CONFIG)
+        yield t
 
 
 def svc(**kw) -> LbService:
