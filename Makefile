@@ -40,4 +40,4 @@ bench-scale: setup
 	$(PY) bench/churn.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info loader/*.so

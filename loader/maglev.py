@@ -25,11 +25,12 @@ the ideal for 3 -> 4 backends in 251 entries, 1.6x for 10 -> 11, 2.3x for 100 ->
 """
 from __future__ import annotations
 
-import hashlib
+import socket
 from array import array
 from functools import lru_cache
 from typing import Sequence
 
+from . import _maglev
 from .errors import KxlbError
 from .layout import C, Backend
 
@@ -38,7 +39,6 @@ MAX_TABLE = C["MAGLEV_MAX_TABLE"]       # svc_value.table_size is a u16
 DEFAULT_TABLE_SIZE = 16381             # the largest table by default (Cilium's default M)
 TABLE_LADDER = (251, 1021)             # small tables for small sets; above them, the maximum
 TABLE_FACTOR = 16                      # a set of N backends gets M >= 16 N (up to the maximum)
-SEED = b"kxlb-maglev-1"                # key of the identity hash: fixed, every node the same
 
 
 def is_prime(n: int) -> bool:
@@ -84,45 +84,33 @@ def check_set(label: str, what: str, n: int, max_size: int) -> None:
                         f"(--maglev-table-size must be a prime above the largest backend set)")
 
 
-def _offset_skip(ident: bytes, m: int) -> tuple[int, int]:
-    d = hashlib.blake2b(ident, digest_size=16, key=SEED).digest()
-    return int.from_bytes(d[:8], "little") % m, int.from_bytes(d[8:], "little") % (m - 1) + 1
+def identity(b: Backend) -> bytes:
+    """What a backend's place in a table derives from: its address and port as the
+    datapath stores them (network order), nothing a node could see differently."""
+    return socket.inet_pton(socket.AF_INET6 if ":" in b.addr else socket.AF_INET, b.addr) + b.port.to_bytes(2, "big")
 
 
-def populate(idents: Sequence[bytes], m: int) -> list[int]:
-    """The Maglev table: entry -> index into ``idents``. The paper's algorithm: backend i
-    walks its permutation (offset_i + j * skip_i) mod M, and in turn each backend takes
-    the next entry of its permutation still free, until all M are taken; so each gets
-    M/N entries +-1, and one backend more or less disturbs few others' entries."""
-    n = len(idents)
-    if n == 0 or m <= n or not is_prime(m):
-        raise ValueError(f"a Maglev table needs a prime size above the backend count ({m} for {n})")
-    # Turns in the order of the identities, not of the set as given: the table must not
-    # depend on the order a node happened to receive the endpoints in.
-    order = sorted(range(n), key=idents.__getitem__)
-    pos, turns = [], []
-    for k, i in enumerate(order):
-        offset, skip = _offset_skip(idents[i], m)
-        pos.append(offset)
-        turns.append((k, skip, m - skip))   # stepping without %: c + skip, or c - (m - skip)
-    table = [-1] * m
-    left = m
-    # The hot loop of a controller full sync (about 0.6 us per entry here): locals only.
-    while True:
-        for i, skip, back in turns:
-            c = pos[i]
-            while table[c] >= 0:
-                c = c - back if c >= back else c + skip
-            table[c] = i
-            pos[i] = c - back if c >= back else c + skip
-            left -= 1
-            if not left:
-                return [order[k] for k in table]
+def populate(idents: Sequence[bytes], m: int) -> bytes:
+    """The Maglev table for backends of these identities (in slot order): M uint16 in
+    host order, entry -> slot. The paper's algorithm: backend i walks its permutation
+    (offset_i + j * skip_i) mod M, and in turn each backend takes the next entry of its
+    permutation still free, until all M are taken; so each gets M/N entries +-1, and one
+    backend more or less disturbs few others' entries. Turns go in identity order, so the
+    table does not depend on the order a node received the endpoints in. The hashing and
+    the fill are C (loader/_maglev.c): they are most of a full sync."""
+    if not is_prime(m):
+        raise ValueError(f"a Maglev table needs a prime size, not {m}")
+    return _maglev.fill(m, idents)
+
+
+def permutation(ident: bytes, m: int) -> tuple[int, int]:
+    """(offset, skip) of a backend's permutation of a table of ``m`` entries."""
+    return _maglev.permutation(m, ident)
 
 
 @lru_cache(maxsize=1024)
 def _table_bytes(backends: tuple[Backend, ...], m: int) -> bytes:
-    return array("H", populate([str(b).encode() for b in backends], m)).tobytes()
+    return populate([identity(b) for b in backends], m)
 
 
 def lookup_table(backends: Sequence[Backend], m: int) -> list[int]:

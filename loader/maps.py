@@ -10,7 +10,7 @@ import ctypes
 import errno
 import os
 from dataclasses import dataclass
-from typing import Generic, Iterator, TypeVar
+from typing import Generic, Iterable, Iterator, TypeVar
 
 from . import bpfsys
 from .errors import KxlbError
@@ -238,6 +238,21 @@ class SvcStats:
         idx = ctypes.c_uint32(svc_id % self.CHUNK)
         bpfsys.check(bpfsys.lib().bpf_map_update_elem(fd, ctypes.byref(idx), ctypes.byref(buf), bpfsys.BPF_ANY),
                      f"reset counters of service id {svc_id}")
+
+    def reset_many(self, ids: Iterable[int]) -> None:
+        """Zero the counters of many ids (new services: an id a deleted service used keeps
+        its counts until reused), one batch write per chunk (a full sync adds thousands)."""
+        by_chunk: dict[int, list[int]] = {}
+        for i in ids:
+            by_chunk.setdefault(i // self.CHUNK, []).append(i % self.CHUNK)
+        for chunk, idx in by_chunk.items():
+            fd, n = self._chunk_array(chunk), len(idx)
+            keys = (ctypes.c_uint32 * n)(*idx)
+            vals = (ctypes.c_uint8 * (self._stride * self.ncpu * n))()
+            count, opts = ctypes.c_uint32(n), bpfsys.batch_opts()
+            if bpfsys.lib().bpf_map_update_batch(fd, keys, vals, ctypes.byref(count), ctypes.byref(opts)) < 0:
+                for i in idx:  # no batch updates of per-CPU arrays on this kernel: one by one
+                    self.put(ctypes.c_uint32(chunk * self.CHUNK + i), SvcCounters())
 
     def delete(self, key: ctypes.c_uint32) -> bool:
         """A deleted service's counters stay until its id is reused (put() resets them):

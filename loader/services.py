@@ -463,8 +463,7 @@ class ServiceTable:
                 svc_vals.append(_svc_value(st.spec, fe.kind, st.svc_id, 0, st.tables))
         try:
             # Fresh counters for ids a deleted service may have used, then slots, ranges, entries.
-            for st in states:
-                self.maps.svc_stats.put(ctypes.c_uint32(st.svc_id), SvcCounters())
+            self.maps.svc_stats.reset_many(st.svc_id for st in states)
             self.maps.backends.put_many_raw(b"".join(slot_keys), b"".join(slot_vals), n_slots)
             # Tables in batches of about 4 MB: 10k services' chunks in one buffer (packed,
             # joined, copied to ctypes) would add tens of MB to the controller's peak RSS.

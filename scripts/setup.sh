@@ -11,7 +11,7 @@ log() { printf 'setup: %s\n' "$*" >&2; }
 
 # --- 1. Debian packages -------------------------------------------------------------
 APT_PKGS=(bpfcc-tools python3-bpfcc libbpfcc bpftool clang llvm linux-headers-amd64
-          iproute2 iptables nftables ethtool python3-venv python3-dev make
+          iproute2 iptables nftables ethtool python3-venv python3-dev gcc make  # gcc, python3-dev: loader/_maglev.c
           ruby   # ruby: syntax check of vagrant/Vagrantfile (Vagrant itself cannot run here)
           libbpf1)  # libbpf.so.1: loader/bpfsys.py and the Katran anchor of `make bench` (with bpftool)
 missing=()
@@ -51,7 +51,7 @@ fi
 # is made from that interpreter. It stays isolated from Debian's dist-packages except
 # for bcc itself, which is linked in.
 stamp="$VENV/.kxlb-setup-stamp"
-want=$(cat pyproject.toml | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml setup.py loader/_maglev.c | sha256sum | cut -c1-16)  # the C extension is built by pip
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   [ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv "$VENV"
   site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -61,7 +61,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
   log "venv ready: $VENV"
 fi
-"$VENV/bin/python" -c 'import bcc, pyroute2, scapy' || { echo "setup: venv import check failed" >&2; exit 1; }
+"$VENV/bin/python" -c 'import bcc, pyroute2, scapy, kxlb.loader._maglev' || { echo "setup: venv import check failed" >&2; exit 1; }
 
 # --- 5. Kubernetes lab binaries ------------------------------------------------------------
 # Built once from Go modules into a version-keyed cache outside the checkout (about 11

@@ -5,6 +5,7 @@ generation flip, table sizes and their errors."""
 from __future__ import annotations
 
 import functools
+from array import array
 import socket
 import sys
 from collections import Counter
@@ -94,13 +95,50 @@ def test_a_bad_table_size_is_refused_clearly(bad, why):
     assert "--maglev-table-size" in str(e.value)
 
 
-def test_filling_a_16381_entry_table_for_10_backends_is_fast():
-    import time
+def reference_fill(idents: list[bytes], m: int) -> list[int]:
+    """The paper's Pseudocode 1, written plainly, over the C module's permutations."""
+    order = sorted(range(len(idents)), key=lambda i: (idents[i], i))
+    perm = {i: maglev.permutation(idents[i], m) for i in order}
+    nxt = {i: 0 for i in order}
+    table = [-1] * m
+    filled = 0
+    while True:
+        for i in order:
+            offset, skip = perm[i]
+            c = (offset + nxt[i] * skip) % m
+            while table[c] >= 0:
+                nxt[i] += 1
+                c = (offset + nxt[i] * skip) % m
+            table[c] = i
+            nxt[i] += 1
+            filled += 1
+            if filled == m:
+                return table
 
-    bs = backends(10, base=3000)
-    t0 = time.perf_counter()
-    maglev.populate([str(b).encode() for b in bs], 16381)
-    assert time.perf_counter() - t0 < 0.2  # about 10 ms here; generous for a busy 2-core CI
+
+@pytest.mark.parametrize("n,m", [(2, 251), (10, 251), (15, 251), (40, 1021), (100, 16381)])
+def test_the_c_fill_is_the_papers_algorithm(n, m):
+    bs = backends(n, base=n * 7)
+    idents = [maglev.identity(b) for b in bs]
+    assert list(array("H", maglev.populate(idents, m))) == reference_fill(idents, m)
+    # The slot order given does not change which backend owns which entry.
+    rev = idents[::-1]
+    assert [n - 1 - s for s in array("H", maglev.populate(rev, m))] == reference_fill(idents, m)
+
+
+def test_permutations_cover_the_table_and_differ_between_backends():
+    m = 251
+    perms = {maglev.permutation(maglev.identity(b), m) for b in backends(200)}
+    assert all(0 <= o < m and 1 <= s < m for o, s in perms)
+    assert len({o for o, _ in perms}) > 100 and len({s for _, s in perms}) > 100  # spread, not a constant
+
+
+@pytest.mark.parametrize("bad", [[], [b"x"] * 251])
+def test_the_fill_refuses_shapes_it_cannot_serve(bad):
+    with pytest.raises(ValueError):
+        maglev.populate(bad, 251)
+    with pytest.raises(TypeError):
+        maglev.populate(["10.0.0.1:80"], 251)
 
 
 # --- the datapath ----------------------------------------------------------------------------
