@@ -115,7 +115,7 @@ class BenchCluster:
         return self
 
     def controller(self, wait_ready: bool = True):
-        self.ctl = self.c.ControllerProcess(self.cp, self.lab)
+        self.ctl = self.c.ControllerProcess(self.cp, self.lab, test_periods=False)
         self.ctl.start(wait_ready=wait_ready)
         return self.ctl
 
