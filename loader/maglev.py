@@ -20,8 +20,8 @@ TABLE_LADDER that is at least TABLE_FACTOR x N, else the configured maximum
 Crossing a rung (15 -> 16 and 63 -> 64 backends) rebuilds the table at the new size and
 moves most flows once, as ``hash % N`` did on every change. Maglev moves more than the
 ideal 1/N when M/N is small: measured (tests/test_maglev.py, bench/maglev.py) about 1.1x
-the ideal for 3 -> 4 backends in 251 entries, 1.6x for 10 -> 11, 2.3x for 100 -> 101 in
-16381 (1.5x in 65521).
+the ideal for 3 -> 4 backends in 251 entries, 1.5x for 10 -> 11, 2.5x for 100 -> 101 in
+16381 (less in 65521).
 """
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def populate(idents: Sequence[bytes], m: int) -> bytes:
     permutation still free, until all M are taken; so each gets M/N entries +-1, and one
     backend more or less disturbs few others' entries. Turns go in identity order, so the
     table does not depend on the order a node received the endpoints in. The hashing and
-    the fill are C (loader/_maglev.c): they are most of a full sync."""
+    the fill are C (loader/_maglev.c): in Python they were most of a full sync."""
     if not is_prime(m):
         raise ValueError(f"a Maglev table needs a prime size, not {m}")
     return _maglev.fill(m, idents)
