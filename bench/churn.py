@@ -17,7 +17,6 @@ import os
 import random
 import signal
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
