@@ -445,13 +445,14 @@ class Controller:
     def reconcile(self) -> None:
         """Periodic: a full sync from the caches, then repair of what was changed in the
         maps behind our back."""
+        just_read = not self.programmer.table.loaded  # the sync starts by reading the maps
         self.sync(full=True)
-        repaired = self.programmer.reconcile()
+        repaired = self.programmer.reconcile(just_read)
         if repaired:
             self.metrics.drift_repaired.inc(len(repaired))
         self.metrics.map_entries.labels("services").set(len(self.programmer.current))
-        self.metrics.map_entries.labels("backends").set(len(self.maps.backends.items()))
-        self.metrics.map_entries.labels("conntrack").set(len(self.maps.conntrack.items()))
+        self.metrics.map_entries.labels("backends").set(self.programmer.table.slots_used)
+        self.metrics.map_entries.labels("conntrack").set(sum(1 for _ in self.maps.conntrack.keys()))
 
 
 class SyncIncomplete(Exception):

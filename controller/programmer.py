@@ -112,12 +112,19 @@ class Programmer:
             res.transient |= isinstance(exc, MapWriteError)
         return False
 
-    def reconcile(self) -> list[ServiceKey]:
+    def reconcile(self, just_read: bool = False) -> list[ServiceKey]:
         """Rewrite every service port whose map content differs from what we wrote (an
-        entry deleted, altered or added by hand). Returns the keys repaired."""
+        entry deleted, altered or added by hand). Returns the keys repaired.
+
+        ``just_read``: the last apply() began by reading the maps (a new table, or one
+        told to forget) and compared them with the desired state; that was the repair,
+        so only the cluster IPs' markers are left to check. Reading every map again costs
+        seconds at 20k Services, and changes would wait for it."""
+        if just_read:
+            self.table.sync_markers()
+            return []
         want = {k: st.spec for k, st in self.current.items()}
-        actual = self.table.read_all()
-        self.table.adopt(actual)
+        actual = self.table.reload()
         repaired = []
         for key in actual.keys() - want.keys():
             log.warning("drift: %s is in the maps but not in the cluster; removing", key)

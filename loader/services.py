@@ -104,6 +104,14 @@ def _range_key(svc_id: int, cidr: str) -> SrcRangeKey:
     return SrcRangeKey(prefixlen=32 + net.prefixlen, svc_id=svc_id, addr=ip_to_raw(str(net.network_address)))
 
 
+@dataclass(frozen=True)
+class _MapUsage:
+    """Entries in the maps a table write can fill (their capacity is checked before one)."""
+    slots: int    # backends
+    chunks: int   # Maglev table chunks
+    entries: int  # services: frontends and markers
+
+
 class ServiceTable:
     """Reads and writes service ports (LbService) in one pinned datapath.
 
@@ -137,21 +145,31 @@ class ServiceTable:
     @property
     def states(self) -> dict[ServiceKey, ServiceState]:
         if self._states is None:
-            self.adopt(self.read_all())
+            self.reload()
         assert self._states is not None
         return self._states
 
-    def adopt(self, actual: dict[ServiceKey, ServiceState]) -> None:
-        """Take ``actual`` (a fresh read_all()) as what the maps hold."""
+    @property
+    def loaded(self) -> bool:
+        """Whether the record is in memory (False: the next use reads the maps)."""
+        return self._states is not None
+
+    def reload(self) -> dict[ServiceKey, ServiceState]:
+        """Read the maps and take what they hold as the record; returns what was read."""
+        actual, usage = self._scan()
+        self._adopt(actual, usage)
+        return actual
+
+    def _adopt(self, actual: dict[ServiceKey, ServiceState], usage: _MapUsage) -> None:
         self._states = {}
         self._owner.clear()
         self._vip_users.clear()
         for st in actual.values():
             self._remember(st)
         self._ids = {st.svc_id for st in actual.values()}
-        self._slots_used = len(self.maps.backends.items())
-        self._chunks_used = sum(1 for _ in self.maps.maglev.keys())
-        self._entries = len(self.maps.services.items())  # frontends and markers
+        # Everything in the maps counts against their capacity, also entries no state
+        # owns (a generation half written by a writer that died, a marker left over).
+        self._slots_used, self._chunks_used, self._entries = usage.slots, usage.chunks, usage.entries
         self._ranges_used = sum(len(st.spec.source_ranges) for st in actual.values())
 
     def sync_markers(self) -> None:
@@ -184,15 +202,23 @@ class ServiceTable:
     # --- reading ------------------------------------------------------------------------
     def read_all(self) -> dict[ServiceKey, ServiceState]:
         """Every service port in the maps, rebuilt from the maps alone."""
+        return self._scan()[0]
+
+    def _scan(self) -> tuple[dict[ServiceKey, ServiceState], _MapUsage]:
+        """One pass over the maps: the service ports they hold, and how full they are."""
         slots: dict[tuple[int, int, int], dict[int, Backend]] = {}
+        n_slots = 0
         for k, v in self.maps.backends.items():
             slots.setdefault((k.svc_id, k.gen, k.set), {})[k.slot] = Backend.from_c(v)
+            n_slots += 1
         chunks: Counter[tuple[int, int, int]] = Counter((k.svc_id, k.gen, k.set) for k in self.maps.maglev.keys())
         ranges: dict[int, list[str]] = {}
         for k in self.maps.src_ranges.keys():
             ranges.setdefault(k.svc_id, []).append(f"{raw_to_ip(k.addr)}/{k.prefixlen - 32}")
         by_id: dict[int, list[tuple[ServiceKey, SvcValue]]] = {}
+        n_entries = 0
         for k, v in self.maps.services.items():
+            n_entries += 1  # frontends and markers
             if v.kind != MARKER:
                 by_id.setdefault(v.svc_id, []).append((ServiceKey.from_c(k), v))
         out = {}
@@ -216,7 +242,7 @@ class ServiceTable:
                 source_ranges=tuple(ranges.get(svc_id, ())),
             ).canonical()
             out[key] = ServiceState(key, svc_id, v.gen, spec, (v.table_size, v.local_table_size))
-        return out
+        return out, _MapUsage(n_slots, sum(chunks.values()), n_entries)
 
     def get(self, key: ServiceKey) -> ServiceState | None:
         """As this table last read or wrote it (see read_backends for a fresh look)."""

@@ -195,13 +195,18 @@ READY = {"ready": True, "serving": True, "terminating": False}
 DRAINING = {"ready": False, "serving": True, "terminating": True}   # terminating, still serving
 
 
+def read_maps(lab) -> dict[str, list[str]]:
+    """The lab's pinned maps now: service port -> its backends."""
+    with Maps.open(lab.pin_dir) as maps:
+        return {str(k): [str(b) for b in s.backends] for k, s in ServiceTable(maps).read_all().items()}
+
+
 def wait_maps(lab, predicate, timeout: float = 10.0, what: str = "maps"):
     """Poll the lab's pinned maps until predicate(services dict) holds; return it."""
     end = time.monotonic() + timeout
     last = None
     while time.monotonic() < end:
-        with Maps.open(lab.pin_dir) as maps:
-            last = {str(k): [str(b) for b in s.backends] for k, s in ServiceTable(maps).read_all().items()}
+        last = read_maps(lab)
         if predicate(last):
             return last
         time.sleep(0.02)

@@ -9,7 +9,7 @@ import threading
 import time
 import urllib.request
 
-from conftest import BACKEND_PORT, READY, backend_ips, make_service, put_slice, wait_maps
+from conftest import BACKEND_PORT, READY, backend_ips, make_service, put_slice, read_maps, wait_maps
 from kxlb.lab.client import tcp_connect, tcp_exchange, tcp_request
 from kxlb.lab.controlplane import APISERVER
 from kxlb.loader.maps import Maps
@@ -131,3 +131,37 @@ def test_controller_sigkill_and_restart_under_traffic(api, ns, lab, controller):
         assert tcp_exchange(long_lived, "still there?") == f"{owner} still there?"
     assert results["failed"] == [] and results["ok"] > 20, results
     assert svc_ids(lab)[key] == ids_before[key]  # not rewritten, let alone flushed
+
+
+def test_edits_made_while_the_controller_was_down_are_repaired_before_ready(api, ns, lab, controller):
+    """A restarted controller reads the maps once and writes the difference: that first
+    sync is the drift repair (no second read of every map before ready). Restarted with
+    a node's periods, so no periodic resync can do the repair instead."""
+    import subprocess
+    import sys
+
+    from kxlb.loader.layout import SvcValue
+    from kxlb.loader.services import MARKER, _marker_key
+
+    svc = make_service(api, ns, "mended", [("http", 80, "TCP")], [(ip, READY) for ip in backend_ips(lab)])
+    key = f"{svc['spec']['clusterIP']}:80/tcp"
+    want = sorted(f"{b}:{BACKEND_PORT}" for b in backend_ips(lab))
+    wait_maps(lab, lambda m: m.get(key) == want)
+    controller.kill(signal.SIGKILL)
+    kxlb = [sys.executable, "-m", "kxlb", "--pin-dir", lab.pin_dir]
+    subprocess.run(kxlb + ["service", "set-backends", key, "10.9.9.9:1"], check=True, capture_output=True)
+    subprocess.run(kxlb + ["service", "add", "10.96.250.250:1/tcp", "10.9.9.9:1"], check=True, capture_output=True)
+    with Maps.open(lab.pin_dir) as maps:  # what a writer killed between two writes leaves
+        maps.services.put(_marker_key("10.96.250.251"), SvcValue(kind=MARKER))
+    periods = controller.periods
+    controller.periods = []
+    try:
+        controller.start()  # returns at /readyz 200
+        now = read_maps(lab)
+        assert now.get(key) == want and "10.96.250.250:1/tcp" not in now, now
+        with Maps.open(lab.pin_dir) as maps:
+            assert maps.services.get(_marker_key("10.96.250.251")) is None
+    finally:
+        controller.kill(signal.SIGTERM)
+        controller.periods = periods
+        controller.start()
