@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo standalone-demo test fuzz bench bench-scale lint clean help
+.PHONY: setup demo standalone-demo test fuzz bench bench-scale bench-e2e lint clean help
 
 help:
 	@echo "make demo    - the Kubernetes lab (real control plane, 2 netns nodes, kxlb controller) and traffic"
@@ -12,6 +12,7 @@ help:
 	@echo "make fuzz    - the datapath fuzzer, a million frames through tc and XDP (FUZZ_FRAMES, FUZZ_SEED)"
 	@echo "make bench   - datapath microbenchmark (BPF_PROG_TEST_RUN), controller benchmarks, Maglev vs hash % N"
 	@echo "make bench-scale - the controller with 20k Services and EndpointSlice churn (about 10 min)"
+	@echo "make bench-e2e - kxlb against kube-proxy iptables and nftables on the lab: latency, sync, throughput, memory"
 	@echo "make setup   - install everything this project needs (idempotent)"
 
 setup:
@@ -38,6 +39,11 @@ bench: setup
 
 bench-scale: setup
 	$(PY) bench/churn.py
+
+# BENCH_E2E_ARGS="--sizes 1,1000,10000,30000" for the full series (longer: creating 30k Services).
+BENCH_E2E_ARGS ?=
+bench-e2e: setup
+	$(PY) bench/e2e.py $(BENCH_E2E_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info loader/*.so

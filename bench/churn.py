@@ -113,7 +113,8 @@ def _drain(q) -> list:
 def run(n: int, rate: float, seconds: float) -> dict:
     import multiprocessing as mp
 
-    from controller import BenchCluster, _rss_mb, pct
+    from controller import BenchCluster, _rss_mb
+    from stats import pct
     from kubernetes import client
 
     from kxlb.loader.layout import ServiceKey

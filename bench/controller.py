@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from stats import pct
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -185,11 +187,6 @@ def _rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
-
-
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
 def main() -> None:

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -45,7 +46,27 @@ from .nodes import CLUSTER_CIDR, LB_POOL, NodeSpec, Topology, netns_exists, run
 
 DEFAULT_WORKDIR = cpmod.DEFAULT_WORKDIR
 MARKER_ENV = "KXLB_LAB"
-PROXIES = ("kxlb", "kube-proxy", "none")
+
+
+@dataclass(frozen=True)
+class ProxyMode:
+    """A service proxy the lab can run on its nodes: which program, with which flags."""
+    name: str
+    kind: str                # "kxlb" (the controller), "kube-proxy", or "none"
+    flags: tuple[str, ...] = ()
+    help: str = ""
+
+
+PROXY_MODES = {m.name: m for m in (
+    ProxyMode("kxlb", "kxlb", (), "kxlb controller, datapath at tc on the uplink and the pod interfaces"),
+    # Generic XDP on veths: the frames the pods' stacks send carry CHECKSUM_PARTIAL,
+    # which XDP cannot see; the lab's senders are all Linux stacks that finalise them.
+    ProxyMode("kxlb-xdp", "kxlb", ("--xdp", "--xdp-trust-checksums"), "kxlb controller, datapath at XDP"),
+    ProxyMode("kube-proxy", "kube-proxy", ("--proxy-mode=nftables",), "the real kube-proxy, nftables mode"),
+    ProxyMode("kube-proxy-iptables", "kube-proxy", ("--proxy-mode=iptables",), "the real kube-proxy, iptables mode"),
+    ProxyMode("none", "none", (), "no service proxy"),
+)}
+PROXIES = tuple(PROXY_MODES)
 # Per-node ports (loopback), shifted by port_offset and node index.
 CONTROLLER_METRICS_BASE = 16500   # kxlb controller, host loopback
 KUBE_PROXY_METRICS_BASE = 16600   # inside the node's namespace
@@ -472,18 +493,19 @@ class Lab:
         self._start_agent(n)
 
     # ---- proxies ---------------------------------------------------------------------------------
-    def controller_argv(self, n: NodeSpec) -> list[str]:
+    def controller_argv(self, n: NodeSpec, mode: str = "kxlb") -> list[str]:
         port = CONTROLLER_METRICS_BASE + self.port_offset + n.index
         return [sys.executable, "-m", "kxlb", "--pin-dir", n.pin_dir, "controller",
                 "--node-name", n.name, "--kubeconfig", str(self.kube_proxy_kubeconfig),
                 "--netns", n.netns, "--iface", "eth0", "--iface", "kxp*", "--cgroup", n.cgroup,
-                "--cluster-cidr", CLUSTER_CIDR, "--metrics-bind-address", f"127.0.0.1:{port}"]
+                "--cluster-cidr", CLUSTER_CIDR, "--metrics-bind-address", f"127.0.0.1:{port}",
+                *PROXY_MODES[mode].flags]
 
-    def kube_proxy_argv(self, n: NodeSpec) -> list[str]:
+    def kube_proxy_argv(self, n: NodeSpec, mode: str = "kube-proxy") -> list[str]:
         mport = KUBE_PROXY_METRICS_BASE + self.port_offset + n.index
         hport = KUBE_PROXY_HEALTHZ_BASE + self.port_offset + n.index
         return ["ip", "netns", "exec", n.netns, str(self.bin_dir / "kube-proxy"),
-                "--proxy-mode=nftables", f"--hostname-override={n.name}",
+                *PROXY_MODES[mode].flags, f"--hostname-override={n.name}",
                 f"--kubeconfig={self.kube_proxy_kubeconfig}", f"--cluster-cidr={CLUSTER_CIDR}",
                 f"--metrics-bind-address=127.0.0.1:{mport}", f"--healthz-bind-address=127.0.0.1:{hport}",
                 # Host-wide conntrack sysctls are not ours to change (nor writable in a netns).
@@ -498,7 +520,8 @@ class Lab:
             raise ValueError(f"proxy must be one of {', '.join(PROXIES)}")
         self.proxy_requested = mode
         actual = mode
-        if mode == "kxlb" and not controller_available():
+        kind = PROXY_MODES[mode].kind
+        if kind == "kxlb" and not controller_available():
             self.log("WARNING: `python -m kxlb controller` is not available in this checkout; "
                      "running without a service proxy (--proxy none)")
             actual = "none"
@@ -507,11 +530,12 @@ class Lab:
         if actual == "none":
             return actual
         for n in self.node_specs:
-            if actual == "kxlb":
-                self._spawn(f"proxy-{n.name}", self.controller_argv(n), f"kxlb-controller-{n.name}",
+            if kind == "kxlb":
+                self._spawn(f"proxy-{n.name}", self.controller_argv(n, actual), f"kxlb-controller-{n.name}",
                             extra_env={"KXLB_PIN_DIR": n.pin_dir})
             else:
-                self._spawn(f"proxy-{n.name}", self.kube_proxy_argv(n), f"kube-proxy-{n.name}", cgroup=n.cgroup)
+                self._spawn(f"proxy-{n.name}", self.kube_proxy_argv(n, actual), f"kube-proxy-{n.name}",
+                            cgroup=n.cgroup)
         self._write_state({"proxy": actual})
         try:
             self._wait_proxies(actual, timeout)
@@ -522,9 +546,14 @@ class Lab:
         self.log(f"proxy {actual} healthy on {', '.join(n.name for n in self.node_specs)}")
         return actual
 
+    def proxy_pid(self, which: int | str) -> Optional[int]:
+        """The pid of the service proxy running on a node (None: none runs)."""
+        info = self._read_pid(f"proxy-{self.node(which).name}")
+        return int(info["pid"]) if info else None
+
     def _proxy_health(self, mode: str, n: NodeSpec) -> tuple[bool, str]:
         try:
-            if mode == "kxlb":
+            if PROXY_MODES[mode].kind == "kxlb":
                 port = CONTROLLER_METRICS_BASE + self.port_offset + n.index
                 code, body = http_get("127.0.0.1", port, "/readyz")
             else:
@@ -540,7 +569,7 @@ class Lab:
         detail = {}
         while pending:
             for name, n in list(pending.items()):
-                logp = self.workdir / "logs" / (f"kxlb-controller-{name}.log" if mode == "kxlb"
+                logp = self.workdir / "logs" / (f"kxlb-controller-{name}.log" if PROXY_MODES[mode].kind == "kxlb"
                                                 else f"kube-proxy-{name}.log")
                 if not self._read_pid(f"proxy-{name}"):
                     raise LabError(f"{mode} on {name} exited; log {logp}:\n{_tail(logp)}")
@@ -549,7 +578,7 @@ class Lab:
                     del pending[name]
             if pending and time.monotonic() > deadline:
                 name = next(iter(pending))
-                logp = self.workdir / "logs" / (f"kxlb-controller-{name}.log" if mode == "kxlb"
+                logp = self.workdir / "logs" / (f"kxlb-controller-{name}.log" if PROXY_MODES[mode].kind == "kxlb"
                                                 else f"kube-proxy-{name}.log")
                 raise LabError(f"{mode} on {name} not healthy after {timeout:.0f}s ({detail[name]}); "
                                f"log {logp}:\n{_tail(logp)}")
@@ -565,7 +594,21 @@ class Lab:
                 continue
             for fam in ("ip", "ip6", "inet"):
                 run("ip", "netns", "exec", n.netns, "nft", "delete", "table", fam, "kube-proxy", check=False)
+            self._clear_iptables(n)
             self._clear_bpf(n)
+
+    def _clear_iptables(self, n: NodeSpec) -> None:
+        """kube-proxy's iptables mode leaves KUBE-* chains (and jumps to them from the
+        built-in chains) in the node's tables: flush and delete those, nothing else."""
+        for tool in ("iptables", "ip6tables"):
+            for table in ("nat", "filter", "mangle"):
+                dump = run("ip", "netns", "exec", n.netns, f"{tool}-save", "-t", table, check=False).stdout
+                if "KUBE-" not in dump:
+                    continue
+                kept = [line for line in dump.splitlines()
+                        if "KUBE-" not in line or not (line.startswith(":") or line.startswith("-A"))]
+                run("ip", "netns", "exec", n.netns, f"{tool}-restore", "-T", table, input="\n".join(kept) + "\n",
+                    check=False)
 
     def _clear_bpf(self, n: NodeSpec) -> None:
         if netns_exists(n.netns):
@@ -674,9 +717,10 @@ class Lab:
                 "proxy": {"mode": (st or {}).get("proxy"), "pid": proxy["pid"] if proxy else None,
                           "running": bool(proxy), "log": proxy["log"] if proxy else None},
             }
-            if (st or {}).get("proxy") == "kxlb":
+            kind = PROXY_MODES.get((st or {}).get("proxy") or "none", PROXY_MODES["none"]).kind
+            if kind == "kxlb":
                 entry["proxy"]["metrics"] = f"127.0.0.1:{CONTROLLER_METRICS_BASE + self.port_offset + n.index}"
-            elif (st or {}).get("proxy") == "kube-proxy":
+            elif kind == "kube-proxy":
                 entry["proxy"]["metrics"] = f"127.0.0.1:{KUBE_PROXY_METRICS_BASE + self.port_offset + n.index} (in {n.netns})"
                 entry["proxy"]["healthz"] = f"127.0.0.1:{KUBE_PROXY_HEALTHZ_BASE + self.port_offset + n.index} (in {n.netns})"
             healthy = healthy and entry["present"] and bool(agent) and (ready is not False) and \

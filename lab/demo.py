@@ -19,7 +19,7 @@ from collections import Counter
 
 from . import kube
 from .client import tcp_connect, tcp_exchange, udp_request
-from .cluster import DEFAULT_WORKDIR, Lab, LabError, http_get
+from .cluster import DEFAULT_WORKDIR, PROXY_MODES, Lab, LabError, http_get
 
 NS = "demo"
 
@@ -91,7 +91,7 @@ def run(workdir=DEFAULT_WORKDIR, proxy: str | None = None, requests: int = 6, re
     lab = Lab.from_workdir(workdir, **({"proxy": proxy} if proxy else {}))
     lab.up(build=build)
     mode = lab.proxy
-    if lab.proxy_requested == "kxlb" and mode != "kxlb":
+    if PROXY_MODES[lab.proxy_requested].kind == "kxlb" and PROXY_MODES[mode].kind != "kxlb":
         print("note: `kxlb controller` is not available; the demo programs the standalone datapath itself\n")
     api = lab.api_client()
     try:
@@ -119,7 +119,7 @@ def run(workdir=DEFAULT_WORKDIR, proxy: str | None = None, requests: int = 6, re
         print()
 
     client_ns = lab.resolve_target(f"{NS}/client")[0]
-    time.sleep(1.0 if mode == "kube-proxy" else 0.3)  # the proxies' first sync after the EndpointSlice
+    time.sleep(1.0 if PROXY_MODES[mode].kind == "kube-proxy" else 0.3)  # the proxies' first sync after the EndpointSlice
 
     def tcp(ns: str) -> str:
         with tcp_connect(ns, vip, 80, timeout=1.0) as s:
@@ -152,7 +152,7 @@ def run(workdir=DEFAULT_WORKDIR, proxy: str | None = None, requests: int = 6, re
             lost += 1
             print(f"  client #{i}: no answer ({exc})")
     print(f"  external: {dict(sorted(seen.items()))}, unanswered {lost}")
-    if mode == "kube-proxy":
+    if PROXY_MODES[mode].kind == "kube-proxy":
         print("  (kube-proxy masquerades ClusterIP traffic from outside the cluster CIDR, so every pod can answer)")
     elif lost:
         print(f"  A ClusterIP is not meant to be reachable from outside the cluster. The client routes it via "

@@ -166,7 +166,8 @@ def read_service(api, ns: str, name: str) -> dict:
     return _json(_core(api).read_namespaced_service(name, ns, _preload_content=False))
 
 
-def patch_service(api, ns: str, name: str, patch: dict) -> dict:
+def patch_service(api, ns: str, name: str, patch: dict | list) -> dict:
+    """A dict: a strategic merge patch (lists merge by key); a list: a JSON patch."""
     return _json(_core(api).patch_namespaced_service(name, ns, patch, _preload_content=False))
 
 

@@ -19,7 +19,7 @@ import sys
 
 from kxlb.loader.errors import KxlbError
 
-from .cluster import DEFAULT_WORKDIR, PROXIES, Lab, LabError
+from .cluster import DEFAULT_WORKDIR, PROXIES, PROXY_MODES, Lab, LabError
 from .controlplane import ControlPlaneError
 
 
@@ -161,7 +161,7 @@ def register(sub) -> None:
     c.add_argument("args", nargs=argparse.REMAINDER)
 
     c = add("proxy", cmd_proxy, "switch the service proxy of a running lab")
-    c.add_argument("mode", choices=PROXIES)
+    c.add_argument("mode", choices=PROXIES, help="; ".join(f"{m.name}: {m.help}" for m in PROXY_MODES.values()))
 
     c = add("demo", cmd_demo, "lab up, a Deployment of echo pods behind a ClusterIP Service, traffic from "
                               "a pod and from the external client; leaves the lab running")

@@ -12,6 +12,7 @@ log() { printf 'setup: %s\n' "$*" >&2; }
 # --- 1. Debian packages -------------------------------------------------------------
 APT_PKGS=(bpfcc-tools python3-bpfcc libbpfcc bpftool clang llvm linux-headers-amd64
           iproute2 iptables nftables ethtool python3-venv python3-dev gcc make  # gcc, python3-dev: loader/_maglev.c
+          iperf3  # throughput through a VIP in `make bench-e2e`
           ruby   # ruby: syntax check of vagrant/Vagrantfile (Vagrant itself cannot run here)
           libbpf1)  # libbpf.so.1: loader/bpfsys.py and the Katran anchor of `make bench` (with bpftool)
 missing=()
