@@ -147,6 +147,11 @@ def grow_background(api, want: int) -> None:
         cont = page["metadata"].get("continue")
         if not cont:
             break
+    extra = [n for n in have if int(n.removeprefix("bg-")) >= want]  # a kept lab's larger run
+    if extra:
+        with ThreadPoolExecutor(8) as pool:
+            list(tqdm(pool.map(lambda n: delete_service(api, BG_NS, n), extra), total=len(extra),
+                      desc=f"deleting Services down to {want:,}", unit="svc"))
     todo = [i for i in range(want) if f"bg-{i}" not in have]
     if not todo:
         return
@@ -361,10 +366,16 @@ def measure(b: Bench, proxy: str, size: int, vip: str, a: argparse.Namespace, fi
 
 
 def delete_service(api, ns: str, name: str) -> None:
+    """The Service and its slice (either may be gone already: a crashed run)."""
     from kubernetes import client
 
-    client.CoreV1Api(api).delete_namespaced_service(name, ns)
-    client.DiscoveryV1Api(api).delete_namespaced_endpoint_slice(name, ns)
+    for delete in (client.CoreV1Api(api).delete_namespaced_service,
+                   client.DiscoveryV1Api(api).delete_namespaced_endpoint_slice):
+        try:
+            delete(name, ns)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
 
 
 def machine() -> dict:

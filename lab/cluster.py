@@ -617,7 +617,10 @@ class Lab:
             if cmds:
                 run("tc", "-force", "-n", n.netns, "-batch", "-", input="\n".join(cmds) + "\n", check=False)
             links = json.loads(run("ip", "-n", n.netns, "-j", "link", "show", check=False).stdout or "[]")
-            cmds = [f"link set dev {x['ifname']} xdp off" for x in links if "xdp" in x]
+            # Per mode: a plain "xdp off" means native on a device with a driver hook (veth
+            # has one), and would leave a generic program attached.
+            cmds = [f"link set dev {x['ifname']} {mode} off" for x in links if "xdp" in x
+                    for mode in ("xdpgeneric", "xdpdrv")]
             if cmds:
                 run("ip", "-force", "-n", n.netns, "-batch", "-", input="\n".join(cmds) + "\n", check=False)
         had_pins = os.path.exists(n.pin_dir)
