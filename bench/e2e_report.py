@@ -71,8 +71,9 @@ def throughput_table(rows: list[dict]) -> str:
     if not with_tp:
         return ""
     f = next((r["throughput"] for r in with_tp if r["proxy"] == "none"), None)
-    out = [f"One TCP stream through the Service, client and server on one core, {with_tp[0]['services']:,} "
-           "Service(s) present:", "",
+    out = [f"One TCP stream through the Service (iperf3), client and server on one core, "
+           f"{with_tp[0]['services']:,} Service(s) present. Packets are those of the client's interface (with "
+           "TSO and GRO, segments of up to 64 KB); CPU is every core's busy time over them.", "",
            "| proxy | Gbit/s | packets/s (k) | CPU µs per packet |", "|---|---:|---:|---:|"]
     for r in with_tp:
         t = r["throughput"]
@@ -161,6 +162,7 @@ def write_docs(results: dict, out: Path, root: Path) -> None:
         "Ratios are to the no-proxy floor of the same run (the same traffic straight to the pods). "
         "Latency: a new TCP connection, one request and its reply; [a–b] is the range of the rounds' p50s.", "",
         tables, "",
+        *[f"- {n}" for n in results.get("notes", [])], "",
         *[f"![{n}]({rel}/{n})" for n in names], "",
     ]
     (root / "docs" / "bench-e2e.md").write_text("\n".join(doc))
@@ -169,7 +171,9 @@ def write_docs(results: dict, out: Path, root: Path) -> None:
     if README_BEGIN in text and README_END in text:
         head, rest = text.split(README_BEGIN, 1)
         _, tail = rest.split(README_END, 1)
-        body = (f"\n{machine}.\n\n{tables}\n\nPlots and the method: [docs/bench-e2e.md](docs/bench-e2e.md).\n")
+        notes = "".join(f"- {n}\n" for n in results.get("notes", []))
+        body = (f"\n{machine}.\n\n{tables}\n\n{notes}{chr(10) if notes else ''}"
+                "Plots and the method: [docs/bench-e2e.md](docs/bench-e2e.md).\n")
         readme.write_text(head + README_BEGIN + body + README_END + tail)
 
 
