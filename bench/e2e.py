@@ -46,7 +46,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from e2e_report import LABELS, render, write_docs  # noqa: E402
+from e2e_report import label, render, write_docs  # noqa: E402
 
 from kxlb.lab import kube  # noqa: E402
 from kxlb.lab.cluster import PROXY_MODES, Lab  # noqa: E402
@@ -427,18 +427,25 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     BENCH = b = bring_up()
     rows: list[Row] = []
+    notes: list[str] = []
     try:
         b.iperf_vip = create_or_read(b, "iperf", [(b.iperf_pod[0], b.iperf_pod[2])], IPERF_PORT, IPERF_PORT)
         for size in sizes:
             grow_background(b.api, size - 1)
             vip = create_or_read(b, f"last-{size}", b.endpoints, VIP_PORT, ECHO_PORT)
             for proxy in tqdm(proxies, desc=f"{size:,} Services", unit="proxy"):
-                row = measure(b, proxy, size, vip, a, size == sizes[0])
+                try:
+                    row = measure(b, proxy, size, vip, a, size == sizes[0])
+                except TimeoutError as exc:  # a proxy that cannot program N in time: said, not fatal
+                    notes.append(f"{label(proxy)} at {size:,} Services: {exc} (--sync-timeout {a.sync_timeout:.0f}); "
+                                 "no row")
+                    tqdm.write(notes[-1])
+                    continue
                 rows.append(row)
                 tqdm.write(render([asdict(r) for r in rows if r.services == size], compact=True).splitlines()[-1])
                 (out / "results.json").write_text(json.dumps(
                     {"machine": machine(), "versions": versions(b.lab), "args": vars(a),
-                     "rows": [asdict(r) for r in rows]}, indent=1))
+                     "rows": [asdict(r) for r in rows], "notes": notes}, indent=1))
     finally:
         b.lab.set_proxy("none")
         if not a.keep:
