@@ -113,8 +113,8 @@ def _drain(q) -> list:
 def run(n: int, rate: float, seconds: float) -> dict:
     import multiprocessing as mp
 
-    from controller import BenchCluster, _rss_mb
-    from stats import pct
+    from controller import BenchCluster
+    from stats import pct, rss_mb
     from kubernetes import client
 
     from kxlb.loader.layout import ServiceKey
@@ -172,7 +172,7 @@ def run(n: int, rate: float, seconds: float) -> dict:
                 pool.submit(write)
             achieved = int(rate * seconds) / max(time.monotonic() - w0, 1e-9)
         cpu = (cpu_seconds(ctl.proc.pid) - cpu0) / (time.monotonic() - w0)
-        rss = _rss_mb(ctl.proc.pid)
+        rss = rss_mb(ctl.proc.pid)
         time.sleep(5)   # the last updates reach the maps
         stop.set()
         watched = {(int(name[1:].split("-")[0]), addr): t for name, addr, t in _drain(seen_watch)}

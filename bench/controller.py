@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from stats import pct
+from stats import pct, rss_mb
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -179,14 +179,7 @@ def event_latency(iterations: int, traffic_iterations: int) -> dict:
                     pass
                 to_traffic.append(time.perf_counter() - t0)
         return {"maps": to_maps, "traffic": to_traffic, "after_write": after_write,
-                "controller_rss_mb": _rss_mb(ctl.proc.pid)}
-
-
-def _rss_mb(pid: int) -> float:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+                "controller_rss_mb": rss_mb(ctl.proc.pid)}
 
 
 def main() -> None:

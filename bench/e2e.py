@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 from e2e_report import label, render, write_docs  # noqa: E402
+from stats import rss_mb  # noqa: E402
 
 from kxlb.lab import kube  # noqa: E402
 from kxlb.lab.cluster import PROXY_MODES, Lab  # noqa: E402
@@ -82,12 +83,23 @@ def request_seconds(ns: str, addr: str, port: int, timeout: float = 3.0) -> floa
         return time.perf_counter() - t0
 
 
-def wait_answer(ns: str, addr: str, port: int, timeout: float) -> float:
-    """Try new connections until one is answered; returns time.monotonic() of that answer."""
+def connect_seconds(ns: str, addr: str, port: int, timeout: float = 3.0) -> float:
+    """A TCP connect alone (for a server that must not be sent a line: iperf3 -s)."""
+    with netns(ns):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    with s:
+        s.settimeout(timeout)
+        t0 = time.perf_counter()
+        s.connect((addr, port))
+        return time.perf_counter() - t0
+
+
+def wait_answer(ns: str, addr: str, port: int, timeout: float, probe=request_seconds) -> float:
+    """Try new connections (``probe``) until one succeeds; returns time.monotonic() then."""
     end = time.monotonic() + timeout
     while True:
         try:
-            request_seconds(ns, addr, port, timeout=0.02)
+            probe(ns, addr, port, timeout=0.02)
             return time.monotonic()
         except OSError:
             if time.monotonic() > end:
@@ -133,11 +145,12 @@ def create_service(api, ns: str, name: str, eps: list[tuple[str, str]], port: in
     return svc["spec"]["clusterIP"]
 
 
-def grow_background(api, want: int) -> None:
+def grow_background(b: "Bench", want: int) -> None:
     """Make BG_NS hold Services bg-0 .. bg-(want-1) (what exists is kept: a kept lab
     (--keep) resumes), each with the echo pods as its 10 endpoints."""
     from kubernetes import client
 
+    api = b.api
     core = client.CoreV1Api(api)
     have, cont = set(), None
     while True:
@@ -155,11 +168,9 @@ def grow_background(api, want: int) -> None:
     todo = [i for i in range(want) if f"bg-{i}" not in have]
     if not todo:
         return
-    eps = BENCH.endpoints
-
     def make(i: int) -> None:
         try:
-            create_service(api, BG_NS, f"bg-{i}", eps)
+            create_service(api, BG_NS, f"bg-{i}", b.pods)
         except client.ApiException as exc:
             if exc.status != 409:  # a half-made one of an earlier run
                 raise
@@ -178,15 +189,8 @@ class Bench:
     iperf_vip: str = ""
 
     @property
-    def endpoints(self) -> list[tuple[str, str]]:
-        return self.pods
-
-    @property
     def client_ns(self) -> str:
         return self.lab.client_ns
-
-
-BENCH: Bench  # set by main(); grow_background() reads the endpoints from it
 
 
 def bring_up() -> Bench:
@@ -240,15 +244,6 @@ def kernel_kb() -> int:
     return info["SUnreclaim"] + info["VmallocUsed"]
 
 
-def rss_kb(pid: int | None) -> int:
-    if not pid:
-        return 0
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
 def cpu_busy_seconds() -> float:
     """Busy time of every core so far (user, nice, system, irq, softirq, steal)."""
     f = open("/proc/stat").readline().split()[1:]
@@ -270,7 +265,7 @@ def throughput(b: Bench, addr: str, port: int, seconds: float) -> dict:
                             "-p", str(IPERF_PORT)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         # Listening, and reachable through ``addr`` (a connect alone: iperf3 -s drops it).
-        wait_connect(b.client_ns, addr, port)
+        wait_answer(b.client_ns, addr, port, 60, probe=connect_seconds)
         p0, c0 = link_packets(b.client_ns), cpu_busy_seconds()
         out = subprocess.run(["ip", "netns", "exec", b.client_ns, "taskset", "-c", cpu, "iperf3", "-c", addr,
                               "-p", str(port), "-t", str(seconds), "-J"], capture_output=True, text=True,
@@ -287,21 +282,6 @@ def throughput(b: Bench, addr: str, port: int, seconds: float) -> dict:
     finally:
         srv.kill()
         srv.wait()
-
-
-def wait_connect(ns: str, addr: str, port: int, timeout: float = 60) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        with netns(ns):
-            s = socket.socket()
-        with s:
-            s.settimeout(0.05)
-            try:
-                s.connect((addr, port))
-                return
-            except OSError:
-                time.sleep(0.02)
-    raise TimeoutError(f"{addr}:{port} not accepting connections from {ns}")
 
 
 @dataclass
@@ -338,7 +318,7 @@ def measure(b: Bench, proxy: str, size: int, vip: str, a: argparse.Namespace, fi
         row.sync_s = wait_answer(b.client_ns, vip, VIP_PORT, a.sync_timeout) - t0
         row.compile_s = compile_seconds(b.lab) if PROXY_MODES[proxy].kind == "kxlb" else None
         time.sleep(2.0)  # the other node's proxy, a last write
-        row.rss_mb = sum(rss_kb(b.lab.proxy_pid(n.name)) for n in b.lab.node_specs) / 1024
+        row.rss_mb = sum(rss_mb(pid) for pid in (b.lab.proxy_pid(n.name) for n in b.lab.node_specs) if pid)
         row.kernel_mb = max(0, kernel_kb() - k0) / 1024
     targets = [(ip, ECHO_PORT) for ip, _ in b.pods] if floor else [(vip, VIP_PORT)]
     for r in range(a.rounds):
@@ -354,7 +334,7 @@ def measure(b: Bench, proxy: str, size: int, vip: str, a: argparse.Namespace, fi
         for k in range(a.changes):
             name = f"new-{uuid.uuid4().hex[:8]}"  # unique: a crashed run's leftovers are in the way of none
             t0 = time.monotonic()
-            ip = create_service(b.api, NS, name, b.endpoints)
+            ip = create_service(b.api, NS, name, b.pods)
             row.create_ms.append((wait_answer(b.client_ns, ip, VIP_PORT, 60) - t0) * 1000)
             t0 = time.monotonic()
             kube.patch_service(b.api, NS, name, [{"op": "replace", "path": "/spec/ports/0/port", "value": VIP_PORT + 1}])
@@ -396,7 +376,6 @@ def versions(lab: Lab) -> dict:
 
 
 def main() -> None:
-    global BENCH
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1,1000,10000", help="numbers of Services, ascending (default %(default)s; "
@@ -425,14 +404,14 @@ def main() -> None:
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    BENCH = b = bring_up()
+    b = bring_up()
     rows: list[Row] = []
     notes: list[str] = []
     try:
         b.iperf_vip = create_or_read(b, "iperf", [(b.iperf_pod[0], b.iperf_pod[2])], IPERF_PORT, IPERF_PORT)
         for size in sizes:
-            grow_background(b.api, size - 1)
-            vip = create_or_read(b, f"last-{size}", b.endpoints, VIP_PORT, ECHO_PORT)
+            grow_background(b, size - 1)
+            vip = create_or_read(b, f"last-{size}", b.pods, VIP_PORT, ECHO_PORT)
             for proxy in tqdm(proxies, desc=f"{size:,} Services", unit="proxy"):
                 try:
                     row = measure(b, proxy, size, vip, a, size == sizes[0])
