@@ -50,6 +50,7 @@ from e2e_report import label, render, write_docs  # noqa: E402
 from stats import rss_mb  # noqa: E402
 
 from kxlb.lab import kube  # noqa: E402
+from kxlb.lab.client import tcp_exchange  # noqa: E402
 from kxlb.lab.cluster import PROXY_MODES, Lab  # noqa: E402
 from kxlb.lab.nodes import CLUSTER_CIDR, run  # noqa: E402
 from kxlb.loader.netns import netns  # noqa: E402
@@ -64,34 +65,24 @@ MANAGED_BY = "bench-e2e.kxlb.io"
 
 
 # --- traffic ---------------------------------------------------------------------------------------
-def request_seconds(ns: str, addr: str, port: int, timeout: float = 3.0) -> float:
-    """One new TCP connection from namespace ``ns``: connect, a line, its reply, close.
-    The socket is made before the clock starts (entering the namespace is not traffic)."""
+def request_seconds(ns: str, addr: str, port: int, timeout: float = 3.0, line: bool = True) -> float:
+    """One new TCP connection from namespace ``ns``: connect, a line and its reply
+    (``line``; without, the connect alone, for a server that must not be sent one:
+    iperf3 -s), close. The socket is made before the clock starts (entering the
+    namespace is not traffic)."""
     with netns(ns):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     with s:
         s.settimeout(timeout)
         t0 = time.perf_counter()
         s.connect((addr, port))
-        s.sendall(b"x\n")
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = s.recv(256)
-            if not chunk:
-                raise ConnectionError(f"{addr}:{port} closed before the reply")
-            buf += chunk
+        if line:
+            tcp_exchange(s, "x")
         return time.perf_counter() - t0
 
 
 def connect_seconds(ns: str, addr: str, port: int, timeout: float = 3.0) -> float:
-    """A TCP connect alone (for a server that must not be sent a line: iperf3 -s)."""
-    with netns(ns):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    with s:
-        s.settimeout(timeout)
-        t0 = time.perf_counter()
-        s.connect((addr, port))
-        return time.perf_counter() - t0
+    return request_seconds(ns, addr, port, timeout, line=False)
 
 
 def wait_answer(ns: str, addr: str, port: int, timeout: float, probe=request_seconds) -> float:
