@@ -40,7 +40,8 @@ bench: setup
 bench-scale: setup
 	$(PY) bench/churn.py
 
-# BENCH_E2E_ARGS="--sizes 1,1000,10000,30000" for the full series (longer: creating 30k Services).
+# BENCH_E2E_ARGS="--sizes 1,1000,10000,30000" for the full series (longer: creating 30k Services);
+# "--sizes 10000,30000 --merge" adds sizes to a saved run.
 BENCH_E2E_ARGS ?=
 bench-e2e: setup
 	$(PY) bench/e2e.py $(BENCH_E2E_ARGS)

@@ -46,7 +46,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from e2e_report import label, render, write_docs  # noqa: E402
+from e2e_report import kept_results, label, render, write_docs  # noqa: E402
 from stats import rss_mb  # noqa: E402
 
 from kxlb.lab import kube  # noqa: E402
@@ -381,6 +381,9 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "docs" / "bench-e2e"), help="results.json and plots")
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/bench-e2e.md and README's table")
     ap.add_argument("--keep", action="store_true", help="leave the lab (and its Services) up for a next run")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the saved rows (and notes) of sizes this run does not measure, so a long series "
+                         "can be run in parts; each size's rows still come from one run")
     a = ap.parse_args()
     sizes = sorted({int(x) for x in a.sizes.split(",")})
     proxies = [p for p in a.proxies.split(",") if p]
@@ -398,6 +401,8 @@ def main() -> None:
     b = bring_up()
     rows: list[Row] = []
     notes: list[str] = []
+    kept_rows, kept_notes = (kept_results(json.loads((out / "results.json").read_text()), sizes)
+                             if a.merge and (out / "results.json").exists() else ([], []))
     try:
         b.iperf_vip = create_or_read(b, "iperf", [(b.iperf_pod[0], b.iperf_pod[2])], IPERF_PORT, IPERF_PORT)
         for size in sizes:
@@ -415,7 +420,8 @@ def main() -> None:
                 tqdm.write(render([asdict(r) for r in rows if r.services == size], compact=True).splitlines()[-1])
                 (out / "results.json").write_text(json.dumps(
                     {"machine": machine(), "versions": versions(b.lab), "args": vars(a),
-                     "rows": [asdict(r) for r in rows], "notes": notes}, indent=1))
+                     "rows": sorted(kept_rows + [asdict(r) for r in rows], key=lambda r: r["services"]),
+                     "notes": kept_notes + notes}, indent=1))
     finally:
         b.lab.set_proxy("none")
         if not a.keep:

@@ -3,6 +3,7 @@ so a report can be redrawn from a saved run: `python bench/e2e_report.py docs/be
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from statistics import median
@@ -18,6 +19,15 @@ README_BEGIN, README_END = "<!-- bench-e2e:begin -->", "<!-- bench-e2e:end -->"
 
 def label(proxy: str) -> str:
     return LABELS.get(proxy, proxy)
+
+
+def kept_results(saved: dict, sizes: list[int]) -> tuple[list[dict], list[str]]:
+    """What `--merge` keeps of a saved run: the rows of the sizes not measured now, and
+    the notes except those about a size measured now (such a note starts
+    "<proxy> at <N> Services")."""
+    mine = re.compile(r"^[^.]* at (%s) Services\b" % "|".join(re.escape(f"{n:,}") for n in sizes))
+    return ([r for r in saved["rows"] if r["services"] not in sizes],
+            [n for n in saved.get("notes", []) if not mine.match(n)])
 
 
 def _floor(rows: list[dict], size: int) -> dict | None:
