@@ -6,6 +6,9 @@
  *   fill(m, idents) -> bytes
  *     idents: a sequence of bytes, one backend identity per backend_map slot, in slot
  *     order. Returns M uint16 in host order, entry -> slot, as bpf/lb.h lb_slot() reads.
+ *   fill_packed(m, records, stride, ident_len) -> bytes
+ *     the same, the identities being the first ident_len bytes of each record of a
+ *     buffer (backend_map values as a writer packs them).
  *   permutation(m, ident) -> (offset, skip)
  *     where a backend's permutation starts and how it steps (for the tests' reference
  *     fill and for docs/datapath.md's description).
@@ -85,45 +88,25 @@ static int check_m(Py_ssize_t m, Py_ssize_t n)
     return 0;
 }
 
-static PyObject *fill(PyObject *self, PyObject *args)
+/* The fill itself, over turns whose ident/len/slot are set: hashes, orders, fills.
+ * Takes ownership of nothing; returns the table (M uint16) or NULL with an error set. */
+static PyObject *fill_turns(Py_ssize_t m, struct turn *turns, Py_ssize_t n)
 {
-    Py_ssize_t m;
-    PyObject *seq, *fast, *out = NULL;
-    struct turn *turns = NULL;
-    uint8_t *taken = NULL;
-
-    if (!PyArg_ParseTuple(args, "nO", &m, &seq))
-        return NULL;
-    fast = PySequence_Fast(seq, "maglev fill: idents must be a sequence of bytes");
-    if (!fast)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
     if (n < 1) {
         PyErr_SetString(PyExc_ValueError, "maglev fill: no backends");
-        goto out;
+        return NULL;
     }
     if (check_m(m, n) < 0)
-        goto out;
-    turns = malloc(n * sizeof(*turns));
-    taken = calloc(m, 1);
-    out = PyBytes_FromStringAndSize(NULL, m * 2);
-    if (!turns || !taken || !out) {
-        Py_CLEAR(out);
-        PyErr_NoMemory();
-        goto out;
+        return NULL;
+    uint8_t *taken = calloc(m, 1);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, m * 2);
+    if (!taken || !out) {
+        free(taken);
+        Py_XDECREF(out);
+        return PyErr_NoMemory();
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *b = PySequence_Fast_GET_ITEM(fast, i);
-        if (!PyBytes_Check(b)) {
-            Py_CLEAR(out);
-            PyErr_Format(PyExc_TypeError, "maglev fill: identity %zd is %.50s, not bytes", i, Py_TYPE(b)->tp_name);
-            goto out;
-        }
-        turns[i].ident = (const unsigned char *)PyBytes_AS_STRING(b);
-        turns[i].len = PyBytes_GET_SIZE(b);
-        turns[i].slot = (uint16_t)i;
+    for (Py_ssize_t i = 0; i < n; i++)
         offset_skip(turns[i].ident, turns[i].len, (uint32_t)m, &turns[i].pos, &turns[i].skip);
-    }
     qsort(turns, n, sizeof(*turns), turn_cmp);
 
     uint16_t *table = (uint16_t *)PyBytes_AS_STRING(out);
@@ -141,10 +124,75 @@ static PyObject *fill(PyObject *self, PyObject *args)
             left--;
         }
     }
+    free(taken);
+    return out;
+}
+
+static PyObject *fill(PyObject *self, PyObject *args)
+{
+    Py_ssize_t m;
+    PyObject *seq, *fast, *out = NULL;
+    struct turn *turns = NULL;
+
+    if (!PyArg_ParseTuple(args, "nO", &m, &seq))
+        return NULL;
+    fast = PySequence_Fast(seq, "maglev fill: idents must be a sequence of bytes");
+    if (!fast)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    turns = malloc((n ? n : 1) * sizeof(*turns));
+    if (!turns) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *b = PySequence_Fast_GET_ITEM(fast, i);
+        if (!PyBytes_Check(b)) {
+            PyErr_Format(PyExc_TypeError, "maglev fill: identity %zd is %.50s, not bytes", i, Py_TYPE(b)->tp_name);
+            goto out;
+        }
+        turns[i].ident = (const unsigned char *)PyBytes_AS_STRING(b);
+        turns[i].len = PyBytes_GET_SIZE(b);
+        turns[i].slot = (uint16_t)i;
+    }
+    out = fill_turns(m, turns, n);
 out:
     free(turns);
-    free(taken);
     Py_DECREF(fast);
+    return out;
+}
+
+/* The same table from backend_map values packed back to back (what a writer has in hand
+ * anyway): record i, ``stride`` bytes, is slot i, and its first ``ident_len`` bytes are
+ * the backend's identity. Saves a full sync a bytes object per backend. */
+static PyObject *fill_packed(PyObject *self, PyObject *args)
+{
+    Py_ssize_t m, stride, ident_len;
+    Py_buffer buf;
+    PyObject *out = NULL;
+
+    if (!PyArg_ParseTuple(args, "ny*nn", &m, &buf, &stride, &ident_len))
+        return NULL;
+    if (stride < 1 || ident_len < 1 || ident_len > stride || buf.len % stride) {
+        PyErr_Format(PyExc_ValueError, "maglev fill_packed: %zd bytes are not records of %zd bytes with a "
+                     "%zd-byte identity", buf.len, stride, ident_len);
+        goto out;
+    }
+    Py_ssize_t n = buf.len / stride;
+    struct turn *turns = malloc((n ? n : 1) * sizeof(*turns));
+    if (!turns) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        turns[i].ident = (const unsigned char *)buf.buf + i * stride;
+        turns[i].len = ident_len;
+        turns[i].slot = (uint16_t)i;
+    }
+    out = fill_turns(m, turns, n);
+    free(turns);
+out:
+    PyBuffer_Release(&buf);
     return out;
 }
 
@@ -169,6 +217,9 @@ static PyMethodDef methods[] = {
     {"fill", fill, METH_VARARGS,
      "fill(m, idents) -> bytes: the Maglev table of M entries for the backends whose identities "
      "(bytes) are given in slot order; M uint16 slot numbers in host order."},
+    {"fill_packed", fill_packed, METH_VARARGS,
+     "fill_packed(m, records, stride, ident_len) -> bytes: fill() for identities that are the first "
+     "ident_len bytes of each stride-byte record of a buffer (slot i is record i)."},
     {"permutation", permutation, METH_VARARGS,
      "permutation(m, ident) -> (offset, skip): where the backend's permutation of a table of M starts, "
      "and its step."},

@@ -130,5 +130,12 @@ def chunks(backends: Sequence[Backend], m: int) -> list[bytes]:
     return out
 
 
+def packed_chunks(records: bytes, stride: int, ident_len: int, m: int) -> bytes:
+    """``chunks()`` joined, for the backends whose identities are the first ``ident_len``
+    bytes of each ``stride``-byte record (backend_map values as a writer packs them, in
+    slot order): a full sync's path, with no object per backend."""
+    return _maglev.fill_packed(m, records, stride, ident_len).ljust(n_chunks(m) * 2 * CHUNK, b"\0")
+
+
 def n_chunks(m: int) -> int:
     return -(-m // CHUNK)

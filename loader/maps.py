@@ -108,13 +108,35 @@ class BpfMap(Generic[K, V]):
                 out.append((k, v))
         return out
 
-    def _items_batch(self, chunk: int = 4096) -> list[tuple[K, V]]:
+    def items_raw(self) -> tuple[bytes, bytes, int]:
+        """All entries as packed keys and values (n of each, in the map's layouts): the
+        fast path for bulk reads, with no ctypes object per entry."""
+        if not self.percpu:
+            try:
+                parts = list(self._batches())
+                return b"".join(k for k, _, _ in parts), b"".join(v for _, v, _ in parts), sum(n for *_, n in parts)
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, ENOTSUPP):
+                    raise
+        items = self.items()
+        return b"".join(bytes(k) for k, _ in items), b"".join(bytes(v) for _, v in items), len(items)
+
+    def _items_batch(self) -> list[tuple[K, V]]:
+        ksize, vsize = ctypes.sizeof(self.key_t), ctypes.sizeof(self.value_t)
+        out: list[tuple[K, V]] = []
+        for kb, vb, n in self._batches():
+            out.extend((self.key_t.from_buffer_copy(kb, i * ksize), self.value_t.from_buffer_copy(vb, i * vsize))
+                       for i in range(n))
+        return out
+
+    def _batches(self, chunk: int = 4096) -> Iterator[tuple[bytes, bytes, int]]:
+        """Batch lookups (one syscall per ``chunk`` entries): (keys, values, count) each."""
         lib = bpfsys.lib()
         keys = (self.key_t * chunk)()
         vals = (self.value_t * chunk)()
+        ksize, vsize = ctypes.sizeof(self.key_t), ctypes.sizeof(self.value_t)
         token_in, token_out = ctypes.c_uint64(), ctypes.c_uint64()
         opts = bpfsys.batch_opts()
-        out: list[tuple[K, V]] = []
         first = True
         while True:
             count = ctypes.c_uint32(chunk)
@@ -124,10 +146,11 @@ class BpfMap(Generic[K, V]):
             err = -ret if ret < 0 else 0
             if ret < 0 and err != errno.ENOENT:
                 bpfsys.check(ret, f"batch lookup in {self.path}")
-            for i in range(count.value):
-                out.append((self.key_t.from_buffer_copy(keys[i]), self.value_t.from_buffer_copy(vals[i])))
+            if count.value:
+                yield (ctypes.string_at(keys, count.value * ksize), ctypes.string_at(vals, count.value * vsize),
+                       count.value)
             if err == errno.ENOENT:
-                return out
+                return
             token_in.value, first = token_out.value, False
 
     def put_many(self, items: list[tuple[K, V]], flags: int = bpfsys.BPF_ANY) -> None:

@@ -32,6 +32,7 @@ SETS = (C["SET_CLUSTER"], C["SET_LOCAL"])
 # tests/test_layout.py checks them against the ctypes mirrors.
 _BACKEND_KEY = struct.Struct("=IHBB")     # struct backend_key
 _BACKEND = struct.Struct("=4s2sH")       # struct backend
+_BACKEND_READ = struct.Struct("!4sHxx")   # the same, the port read as a number (network order)
 _SVC_KEY = struct.Struct("=4s2sBB")       # struct svc_key
 _SVC_VALUE = struct.Struct("=IHHBBHIHH")  # struct svc_value
 _MAGLEV_KEY = struct.Struct("=IHBB")      # struct maglev_key
@@ -57,38 +58,46 @@ def validate_backends(key: ServiceKey, backends: Iterable[Backend]) -> tuple[Bac
     return LbService.simple(key, backends).validate(MAX_PER_SVC).cluster
 
 
-# Slot keys are (svc_id, slot, gen, set): the (slot, gen, set) tails are packed once, and a
-# set's keys are then one bytes.join (svc_id as the separator), not a pack per slot.
-_SLOT_TAILS = {(g, st): [struct.pack("=HBB", i, g, st) for i in range(MAX_PER_SVC)] for g in (0, 1) for st in SETS}
+# backend_map and maglev_map keys are both (svc_id u32, index u16, gen u8, set u8): the
+# (index, gen, set) tails are packed once, and a set's keys are then one bytes.join
+# (svc_id as the separator), not a pack per slot or chunk.
+_KEY_TAILS = {(g, st): [struct.pack("=HBB", i, g, st) for i in range(max(MAX_PER_SVC, maglev.n_chunks(maglev.MAX_TABLE)))]
+              for g in (0, 1) for st in SETS}
 _PORT_PAD: dict[int, bytes] = {}
+# A backend's Maglev identity (maglev.identity: address and port in network order) is the
+# first 6 bytes of its packed struct backend; tests/test_maglev.py checks the two agree.
+_IDENT_LEN = 6
 
 
-def _pack_set(svc_id: int, gen: int, set_: int, backends: tuple[Backend, ...]) -> tuple[bytes, bytes]:
-    """Keys and values of one backend set's slots, packed as maps.h lays them out."""
-    if not backends:
-        return b"", b""
+def _keys(sid: bytes, gen: int, set_: int, n: int) -> bytes:
+    return sid + sid.join(_KEY_TAILS[(gen, set_)][:n]) if n else b""
+
+
+def _pack_slots(svc_id: int, gen: int, spec: LbService, tables: tuple[int, int]) -> tuple[bytes, bytes, bytes, bytes, int]:
+    """Both sets' backend_map slots and maglev_map chunks, packed as maps.h lays them out:
+    (slot keys, slot values, chunk keys, chunk values, chunk count)."""
     sid = struct.pack("=I", svc_id)
-    keys = sid + sid.join(_SLOT_TAILS[(gen, set_)][:len(backends)])
     aton, pads = socket.inet_aton, _PORT_PAD
-    vals = b"".join([aton(b.addr) + (pads.get(b.port) or pads.setdefault(b.port, b.port.to_bytes(2, "big") + b"\0\0"))
-                     for b in backends])
-    return keys, vals
+    slot_keys, slot_vals, table_keys, table_vals = [], [], [], []
+    n_chunks = 0
+    for set_, backends, m in zip(SETS, (spec.cluster, spec.local), tables):
+        if not backends:
+            continue
+        vals = b"".join([aton(b.addr) + (pads.get(b.port) or pads.setdefault(b.port, b.port.to_bytes(2, "big") + b"\0\0"))
+                         for b in backends])
+        slot_keys.append(_keys(sid, gen, set_, len(backends)))
+        slot_vals.append(vals)
+        if m:
+            nc = maglev.n_chunks(m)
+            table_keys.append(_keys(sid, gen, set_, nc))
+            table_vals.append(maglev.packed_chunks(vals, _BACKEND.size, _IDENT_LEN, m))
+            n_chunks += nc
+    return b"".join(slot_keys), b"".join(slot_vals), b"".join(table_keys), b"".join(table_vals), n_chunks
 
 
 def _svc_value(spec: LbService, kind: Kind, svc_id: int, gen: int, tables: tuple[int, int]) -> bytes:
     return _SVC_VALUE.pack(svc_id, len(spec.cluster), len(spec.local), gen, int(kind), spec.flags_for(kind),
                            spec.affinity_s, *tables)
-
-
-def _pack_tables(svc_id: int, gen: int, spec: LbService, tables: tuple[int, int]) -> tuple[bytes, bytes, int]:
-    """Keys and values of both sets' Maglev table chunks (maglev_map), and their count."""
-    keys, vals = [], []
-    for set_, bs, m in zip(SETS, (spec.cluster, spec.local), tables):
-        if m:
-            cs = maglev.chunks(bs, m)
-            keys.extend(_MAGLEV_KEY.pack(svc_id, i, gen, set_) for i in range(len(cs)))
-            vals.extend(cs)
-    return b"".join(keys), b"".join(vals), len(keys)
 
 
 def _svc_key(key: ServiceKey) -> bytes:
@@ -208,9 +217,12 @@ class ServiceTable:
         """One pass over the maps: the service ports they hold, and how full they are."""
         slots: dict[tuple[int, int, int], dict[int, Backend]] = {}
         n_slots = 0
-        for k, v in self.maps.backends.items():
-            slots.setdefault((k.svc_id, k.gen, k.set), {})[k.slot] = Backend.from_c(v)
-            n_slots += 1
+        # Unpacked with struct, not a ctypes object per entry: 20k services hold ~200k slots.
+        keys, vals, n_slots = self.maps.backends.items_raw()
+        ntoa = socket.inet_ntoa
+        for (svc_id, slot, gen, set_), (addr, port) in zip(_BACKEND_KEY.iter_unpack(keys),
+                                                           _BACKEND_READ.iter_unpack(vals)):
+            slots.setdefault((svc_id, gen, set_), {})[slot] = Backend(ntoa(addr), port)
         chunks: Counter[tuple[int, int, int]] = Counter((k.svc_id, k.gen, k.set) for k in self.maps.maglev.keys())
         ranges: dict[int, list[str]] = {}
         for k in self.maps.src_ranges.keys():
@@ -297,15 +309,10 @@ class ServiceTable:
 
     def _write_slots(self, spec: LbService, svc_id: int, gen: int, tables: tuple[int, int]) -> None:
         """Both sets' slots and Maglev tables under ``gen``."""
-        keys, vals = [], []
-        for set_, bs in zip(SETS, (spec.cluster, spec.local)):
-            k, v = _pack_set(svc_id, gen, set_, bs)
-            keys.append(k)
-            vals.append(v)
+        keys, vals, tkeys, tvals, nt = _pack_slots(svc_id, gen, spec, tables)
         n = len(spec.cluster) + len(spec.local)
-        tkeys, tvals, nt = _pack_tables(svc_id, gen, spec, tables)
         try:
-            self.maps.backends.put_many_raw(b"".join(keys), b"".join(vals), n)
+            self.maps.backends.put_many_raw(keys, vals, n)
             self.maps.maglev.put_many_raw(tkeys, tvals, nt)
         except OSError as exc:
             self._delete_slots(spec, svc_id, gen, tables, written=False)
@@ -477,32 +484,30 @@ class ServiceTable:
         free = (i for i in range(1, capacity) if i not in self._ids)
         states = [ServiceState(s.key, next(free), 0, s, t) for s, t in zip(checked, tables)]
         # Packed with struct, not one ctypes object per entry: a full sync writes ~100k.
-        slot_keys, slot_vals, svc_keys, svc_vals = [], [], [], []
-        n_chunks = 0
+        svc_keys, svc_vals = [], []
         for st in states:
-            for set_, bs in zip(SETS, (st.spec.cluster, st.spec.local)):
-                k, v = _pack_set(st.svc_id, 0, set_, bs)
-                slot_keys.append(k)
-                slot_vals.append(v)
             for fe in st.spec.all_frontends:
                 svc_keys.append(_svc_key(fe.key))
                 svc_vals.append(_svc_value(st.spec, fe.kind, st.svc_id, 0, st.tables))
+        n_chunks = 0
         try:
             # Fresh counters for ids a deleted service may have used, then slots, ranges, entries.
             self.maps.svc_stats.reset_many(st.svc_id for st in states)
-            self.maps.backends.put_many_raw(b"".join(slot_keys), b"".join(slot_vals), n_slots)
-            # Tables in batches of about 4 MB: 10k services' chunks in one buffer (packed,
-            # joined, copied to ctypes) would add tens of MB to the controller's peak RSS.
-            table_keys, table_vals, pending = [], [], 0
+            # Slots and tables in batches of about 4 MB of tables: 10k services' chunks in
+            # one buffer (packed, joined, copied to ctypes) would add tens of MB to the
+            # controller's peak RSS. Nothing reaches them before the entries below.
+            batch: list[tuple[bytes, bytes, bytes, bytes, int]] = []
+            pending_slots = pending_chunks = 0
             for i, st in enumerate(states):
-                k, v, nt = _pack_tables(st.svc_id, 0, st.spec, st.tables)
-                table_keys.append(k)
-                table_vals.append(v)
-                pending += nt
-                if pending >= 4096 or i == len(states) - 1:
-                    self.maps.maglev.put_many_raw(b"".join(table_keys), b"".join(table_vals), pending)
-                    n_chunks += pending
-                    table_keys, table_vals, pending = [], [], 0
+                batch.append(_pack_slots(st.svc_id, 0, st.spec, st.tables))
+                pending_slots += len(st.spec.cluster) + len(st.spec.local)
+                pending_chunks += batch[-1][4]
+                if pending_chunks >= 4096 or i == len(states) - 1:
+                    sk, sv, tk, tv, _ = zip(*batch)
+                    self.maps.backends.put_many_raw(b"".join(sk), b"".join(sv), pending_slots)
+                    self.maps.maglev.put_many_raw(b"".join(tk), b"".join(tv), pending_chunks)
+                    n_chunks += pending_chunks
+                    batch, pending_slots, pending_chunks = [], 0, 0
             for st in states:
                 self._put_ranges(st.svc_id, st.spec.source_ranges)
             self.maps.services.put_many_raw(b"".join(svc_keys), b"".join(svc_vals), len(svc_keys))

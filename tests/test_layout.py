@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import struct
 import subprocess
 
 import pytest
@@ -71,3 +72,28 @@ def test_bulk_packing_matches_the_ctypes_mirrors():
         SvcValue(svc_id=9, count=4, local_count=2, gen=1, kind=3, flags=0x0102, affinity_s=600, table_size=251,
                  local_table_size=1021))
     assert sv._MAGLEV_KEY.pack(7, 34, 1, 1) == bytes(MaglevKey(svc_id=7, chunk=34, gen=1, set=1))
+    assert sv._BACKEND_READ.unpack(bytes(b.to_c())) == (b"\x0a\x01\x02\x03", 8080)
+    # the (index, gen, set) tails joined with the svc_id: keys of both maps
+    assert sv._keys(struct.pack("=I", 7), 1, 1, 35)[-8:] == bytes(MaglevKey(svc_id=7, chunk=34, gen=1, set=1))
+    assert sv._keys(struct.pack("=I", 7), 0, 0, 4)[:8] == bytes(BackendKey(svc_id=7, slot=0, gen=0, set=0))
+
+
+def test_a_full_syncs_packed_tables_are_the_maglev_modules_tables():
+    """add_many fills Maglev tables from the packed slot values (their first bytes are
+    the backend's identity), not from Backend objects: the same tables."""
+    from kxlb.loader import maglev
+    from kxlb.loader import services as sv
+    from kxlb.loader.layout import Backend, ServiceKey
+    from kxlb.loader.svcspec import LbService
+
+    assert all(bytes(b.to_c())[:sv._IDENT_LEN] == maglev.identity(b)
+               for b in (Backend("10.1.2.3", 8080), Backend("192.168.255.1", 1)))
+    cluster = tuple(Backend(f"10.2.{i // 200}.{i % 200}", 8000 + i) for i in range(300))
+    local = cluster[:2]
+    spec = LbService(key=ServiceKey("10.96.0.1", 80, 6), cluster=cluster, local=local)
+    m = (maglev.table_size(len(cluster)), maglev.table_size(len(local)))
+    slot_keys, slot_vals, table_keys, table_vals, n = sv._pack_slots(9, 1, spec, m)
+    assert slot_vals == b"".join(bytes(b.to_c()) for b in cluster + local)
+    assert len(slot_keys) == 8 * len(cluster + local)
+    assert n == maglev.n_chunks(m[0]) + maglev.n_chunks(m[1]) and len(table_keys) == 8 * n
+    assert table_vals == b"".join(maglev.chunks(cluster, m[0]) + maglev.chunks(local, m[1]))
