@@ -77,18 +77,22 @@ def latency_table(rows: list[dict], compact: bool = False) -> str:
 
 
 def throughput_table(rows: list[dict]) -> str:
+    """iperf3 figures of the sizes that have them (the first size of a run), each ratio
+    to the floor of its own size."""
     with_tp = [r for r in rows if r.get("throughput")]
     if not with_tp:
         return ""
-    f = next((r["throughput"] for r in with_tp if r["proxy"] == "none"), None)
-    out = [f"One TCP stream through the Service (iperf3), client and server on one core, "
-           f"{with_tp[0]['services']:,} Service(s) present. Packets are those of the client's interface (with "
-           "TSO and GRO, segments of up to 64 KB); CPU is every core's busy time over them.", "",
-           "| proxy | Gbit/s | packets/s (k) | CPU µs per packet |", "|---|---:|---:|---:|"]
+    out = ["One TCP stream through the Service (iperf3), client and server on one core, with the given number of "
+           "Services present. Packets are those of the client's interface (with TSO and GRO, segments of up to "
+           "64 KB); CPU is every core's busy time over them.", "",
+           "| Services | proxy | Gbit/s | packets/s (k) | CPU µs per packet |", "|---:|---|---:|---:|---:|"]
     for r in with_tp:
         t = r["throughput"]
         none = r["proxy"] == "none"
-        out.append(f"| {label(r['proxy'])} | {t['gbit_s']:.2f}{'' if none else _ratio(t['gbit_s'], f and f['gbit_s'])} "
+        floor = _floor(with_tp, r["services"])
+        f = floor["throughput"] if floor else None
+        out.append(f"| {r['services']:,} | {label(r['proxy'])} "
+                   f"| {t['gbit_s']:.2f}{'' if none else _ratio(t['gbit_s'], f and f['gbit_s'])} "
                    f"| {t['kpps']:.0f}{'' if none else _ratio(t['kpps'], f and f['kpps'])} "
                    f"| {t['cpu_us_per_packet']:.2f}{'' if none else _ratio(t['cpu_us_per_packet'], f and f['cpu_us_per_packet'])} |")
     return "\n".join(out)

@@ -54,7 +54,13 @@ def test_every_figure_with_a_floor_carries_its_ratio_to_the_floor_of_its_size():
     floor = next(x for x in lines if "no proxy" in x).split("|")
     assert "x)" not in floor[4] and floor[3].strip() == "–"
     tp = rep.throughput_table(RESULTS["rows"])
-    assert "| kube-proxy nftables | 8.00 (0.80x) | 320 (0.80x) | 2.50 (1.25x) |" in tp
+    assert "| 1 | kube-proxy nftables | 8.00 (0.80x) | 320 (0.80x) | 2.50 (1.25x) |" in tp
+    # a merged run's throughput at another size: its ratios against that size's floor
+    more = [{**r, "services": 1000, "throughput": {"gbit_s": g, "kpps": 100.0, "cpu_us_per_packet": 4.0}}
+            for r, g in ((RESULTS["rows"][0], 5.0), (RESULTS["rows"][1], 4.0))]
+    tp = rep.throughput_table(RESULTS["rows"] + more)
+    assert "| 1,000 | kube-proxy nftables | 4.00 (0.80x) | 100 (1.00x) | 4.00 (1.00x) |" in tp
+    assert "| 1 | kube-proxy nftables | 8.00 (0.80x) |" in tp
 
 
 def test_write_docs_rewrites_only_the_marked_readme_section_and_draws_the_plots(tmp_path):
