@@ -35,7 +35,6 @@ _BACKEND = struct.Struct("=4s2sH")       # struct backend
 _BACKEND_READ = struct.Struct("!4sHxx")   # the same, the port read as a number (network order)
 _SVC_KEY = struct.Struct("=4s2sBB")       # struct svc_key
 _SVC_VALUE = struct.Struct("=IHHBBHIHH")  # struct svc_value
-_MAGLEV_KEY = struct.Struct("=IHBB")      # struct maglev_key
 
 
 @dataclass(frozen=True)
@@ -58,14 +57,15 @@ def validate_backends(key: ServiceKey, backends: Iterable[Backend]) -> tuple[Bac
     return LbService.simple(key, backends).validate(MAX_PER_SVC).cluster
 
 
-# backend_map and maglev_map keys are both (svc_id u32, index u16, gen u8, set u8): the
-# (index, gen, set) tails are packed once, and a set's keys are then one bytes.join
-# (svc_id as the separator), not a pack per slot or chunk.
+# backend_map and maglev_map keys (struct backend_key, struct maglev_key) are both
+# (svc_id u32, index u16, gen u8, set u8): the (index, gen, set) tails are packed once,
+# and a set's keys are then one bytes.join (svc_id as the separator), not a pack per
+# slot or chunk.
 _KEY_TAILS = {(g, st): [struct.pack("=HBB", i, g, st) for i in range(max(MAX_PER_SVC, maglev.n_chunks(maglev.MAX_TABLE)))]
               for g in (0, 1) for st in SETS}
 _PORT_PAD: dict[int, bytes] = {}
 # A backend's Maglev identity (maglev.identity: address and port in network order) is the
-# first 6 bytes of its packed struct backend; tests/test_maglev.py checks the two agree.
+# first 6 bytes of its packed struct backend; tests/test_layout.py checks the two agree.
 _IDENT_LEN = 6
 
 

@@ -71,7 +71,6 @@ def test_bulk_packing_matches_the_ctypes_mirrors():
     assert sv._SVC_VALUE.pack(9, 4, 2, 1, 3, 0x0102, 600, 251, 1021) == bytes(
         SvcValue(svc_id=9, count=4, local_count=2, gen=1, kind=3, flags=0x0102, affinity_s=600, table_size=251,
                  local_table_size=1021))
-    assert sv._MAGLEV_KEY.pack(7, 34, 1, 1) == bytes(MaglevKey(svc_id=7, chunk=34, gen=1, set=1))
     assert sv._BACKEND_READ.unpack(bytes(b.to_c())) == (b"\x0a\x01\x02\x03", 8080)
     # the (index, gen, set) tails joined with the svc_id: keys of both maps
     assert sv._keys(struct.pack("=I", 7), 1, 1, 35)[-8:] == bytes(MaglevKey(svc_id=7, chunk=34, gen=1, set=1))
