@@ -115,26 +115,29 @@ def _table_bytes(backends: tuple[Backend, ...], m: int) -> bytes:
 
 def lookup_table(backends: Sequence[Backend], m: int) -> list[int]:
     """Entry -> slot (the position of its backend in ``backends``, as backend_map holds
-    the set); cached by (backends, M): a service port flipping between two sets, or a
-    drift repair, does not fill the same table twice."""
+    the set); cached by (backends, M) for readers that ask about the same set again (the
+    tests, bench/maglev.py). Writers fill from their packed slots (``packed_chunks``),
+    uncached: one fill takes microseconds."""
     return array("H", _table_bytes(tuple(backends), m)).tolist()
+
+
+def _padded(raw: bytes, m: int) -> bytes:
+    """A table of M entries padded with zeros (never read) to whole chunks."""
+    return raw.ljust(n_chunks(m) * 2 * CHUNK, b"\0")
 
 
 def chunks(backends: Sequence[Backend], m: int) -> list[bytes]:
     """The table as maglev_map values: CHUNK u16 slot numbers each (host order, as the
     datapath reads them), the last padded with zeros it never reads."""
-    raw = _table_bytes(tuple(backends), m)
-    step = 2 * CHUNK
-    out = [raw[i:i + step] for i in range(0, len(raw), step)]
-    out[-1] = out[-1].ljust(step, b"\0")
-    return out
+    raw, step = _padded(_table_bytes(tuple(backends), m), m), 2 * CHUNK
+    return [raw[i:i + step] for i in range(0, len(raw), step)]
 
 
 def packed_chunks(records: bytes, stride: int, ident_len: int, m: int) -> bytes:
     """``chunks()`` joined, for the backends whose identities are the first ``ident_len``
     bytes of each ``stride``-byte record (backend_map values as a writer packs them, in
-    slot order): a full sync's path, with no object per backend."""
-    return _maglev.fill_packed(m, records, stride, ident_len).ljust(n_chunks(m) * 2 * CHUNK, b"\0")
+    slot order): the writers' path, with no object per backend."""
+    return _padded(_maglev.fill_packed(m, records, stride, ident_len), m)
 
 
 def n_chunks(m: int) -> int:
