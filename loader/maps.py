@@ -95,12 +95,23 @@ class BpfMap(Generic[K, V]):
 
     def items(self) -> list[tuple[K, V]]:
         """All entries, by batch lookup where the kernel has it (one syscall per 4096)."""
-        if not self.percpu:
-            try:
-                return self._items_batch()
-            except OSError as exc:
-                if exc.errno not in (errno.EINVAL, ENOTSUPP):
-                    raise
+        parts = self._batched()
+        if parts is None:
+            return self._items_one_by_one()
+        ksize, vsize = ctypes.sizeof(self.key_t), ctypes.sizeof(self.value_t)
+        return [(self.key_t.from_buffer_copy(kb, i * ksize), self.value_t.from_buffer_copy(vb, i * vsize))
+                for kb, vb, n in parts for i in range(n)]
+
+    def items_raw(self) -> tuple[bytes, bytes, int]:
+        """All entries as packed keys and values (n of each, in the map's layouts): the
+        fast path for bulk reads, with no ctypes object per entry."""
+        parts = self._batched()
+        if parts is None:
+            items = self._items_one_by_one()
+            return b"".join(bytes(k) for k, _ in items), b"".join(bytes(v) for _, v in items), len(items)
+        return b"".join(k for k, _, _ in parts), b"".join(v for _, v, _ in parts), sum(n for *_, n in parts)
+
+    def _items_one_by_one(self) -> list[tuple[K, V]]:
         out = []
         for k in self.keys():
             v = self.get(k)
@@ -108,26 +119,17 @@ class BpfMap(Generic[K, V]):
                 out.append((k, v))
         return out
 
-    def items_raw(self) -> tuple[bytes, bytes, int]:
-        """All entries as packed keys and values (n of each, in the map's layouts): the
-        fast path for bulk reads, with no ctypes object per entry."""
-        if not self.percpu:
-            try:
-                parts = list(self._batches())
-                return b"".join(k for k, _, _ in parts), b"".join(v for _, v, _ in parts), sum(n for *_, n in parts)
-            except OSError as exc:
-                if exc.errno not in (errno.EINVAL, ENOTSUPP):
-                    raise
-        items = self.items()
-        return b"".join(bytes(k) for k, _ in items), b"".join(bytes(v) for _, v in items), len(items)
-
-    def _items_batch(self) -> list[tuple[K, V]]:
-        ksize, vsize = ctypes.sizeof(self.key_t), ctypes.sizeof(self.value_t)
-        out: list[tuple[K, V]] = []
-        for kb, vb, n in self._batches():
-            out.extend((self.key_t.from_buffer_copy(kb, i * ksize), self.value_t.from_buffer_copy(vb, i * vsize))
-                       for i in range(n))
-        return out
+    def _batched(self) -> list[tuple[bytes, bytes, int]] | None:
+        """Every batch of a full batch lookup, or None where the kernel has none for this
+        map (per-CPU maps are read entry by entry too)."""
+        if self.percpu:
+            return None
+        try:
+            return list(self._batches())
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, ENOTSUPP):
+                raise
+            return None
 
     def _batches(self, chunk: int = 4096) -> Iterator[tuple[bytes, bytes, int]]:
         """Batch lookups (one syscall per ``chunk`` entries): (keys, values, count) each."""
