@@ -26,6 +26,15 @@
 #ifndef KXLB_SRC_RANGE_ENTRIES
 #define KXLB_SRC_RANGE_ENTRIES   16384   /* loadBalancerSourceRanges over all service ports */
 #endif
+#ifndef KXLB_CT6_ENTRIES
+#define KXLB_CT6_ENTRIES         65536   /* IPv6 conntrack (preallocated: ~190 bytes an entry) */
+#endif
+#ifndef KXLB_AFFINITY6_ENTRIES
+#define KXLB_AFFINITY6_ENTRIES   16384   /* IPv6 ClientIP session affinity */
+#endif
+#ifndef KXLB_FRAG6_ENTRIES
+#define KXLB_FRAG6_ENTRIES       2048    /* in-flight fragmented IPv6 datagrams */
+#endif
 #define KXLB_MAX_SVC_CIDRS       4       /* service CIDRs (ServiceCIDR objects) the datapath knows */
 #ifndef KXLB_FRAG_ENTRIES
 #define KXLB_FRAG_ENTRIES        8192    /* in-flight fragmented datagrams */
@@ -78,8 +87,8 @@
 
 /* Datapath counters (index into dp_stats). */
 #define KXLB_ST_PASS             0       /* not ours: passed untouched */
-#define KXLB_ST_NOT_IPV4         1       /* not IPv4 over Ethernet: passed untouched */
-#define KXLB_ST_MALFORMED        2       /* truncated / malformed IPv4: passed untouched */
+#define KXLB_ST_NOT_IP           1       /* neither IPv4 nor IPv6 over Ethernet: passed untouched */
+#define KXLB_ST_MALFORMED        2       /* truncated / malformed IPv4 or IPv6: passed untouched */
 #define KXLB_ST_NEW_FLOW         3       /* new flow to a service: backend chosen, not masqueraded */
 #define KXLB_ST_CT_FWD           4       /* client packet of a tracked flow */
 #define KXLB_ST_CT_REV           5       /* backend packet of a tracked flow: reverse NAT */
@@ -99,7 +108,13 @@
 #define KXLB_ST_CT_STALE         19      /* client talks to a backend directly: its old reply entry dropped */
 #define KXLB_ST_CT_PEER          20      /* a flow's evicted peer entry recreated */
 #define KXLB_ST_CT_REMAP         21      /* new flow's source port taken by another flow: remapped */
+#define KXLB_ST_NO_PROG          22      /* IPv6 frame, but no IPv6 program loaded: passed untouched */
 #define KXLB_ST_MAX              24
+
+/* Slots of the tail-call program arrays (kxlb.c tc_progs, xdp_progs). */
+#define KXLB_PROG_IPV6           0       /* the IPv6 journey (tc ingress, XDP) */
+#define KXLB_PROG_IPV6_EGRESS    1       /* tc egress, IPv6 */
+#define KXLB_PROG_MAX            2
 
 /* Source ports for masqueraded flows, and for flows whose own source port is taken on
  * the backend's side by another flow (two frontends sharing a backend): outside the

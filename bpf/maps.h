@@ -14,9 +14,13 @@
  *
  * IPv6 (docs/datapath.md): parallel per-family maps, as Cilium does. The maps keyed or
  * valued by an address (svc_map, backend_map, ct_map, frag_map, affinity_map,
- * src_range_map, sock_rev) are the IPv4 family's; IPv6 adds its own with 16-byte
- * addresses beside them. What carries no address (svc_value, the counters, the
- * per-service stats) is shared by both families.
+ * src_range_map, cfg_map) are the IPv4 family's; IPv6 has its own beside them, named
+ * the same with a 6 (svc_map6, struct svc_key6, ...), with the same fields holding
+ * 16-byte addresses (struct kx_in6), so one text of the datapath serves both families
+ * (the *.tmpl.h files, instantiated per family). What carries no address (svc_value,
+ * backend_key, the Maglev tables, the counters, the per-service stats) is shared: both
+ * families draw svc_ids from one range, and a dual-stack Service is two service ports
+ * (one per cluster IP family) with two svc_ids.
  *
  * Consistency of a service (why the generations): backend slots live in backend_map
  * under (svc_id, set, slot, gen). To change a service port's backends, user space
@@ -225,6 +229,102 @@ struct svc_counters {
 	__u64 new_flows;
 };
 
+/* --- IPv6: the same structs with 16-byte addresses (field names as above) ---------- */
+
+/* An IPv6 address as four network-order words: assignable as a whole, compared word
+ * by word (addr6.h). */
+struct kx_in6 {
+	__be32 w[4];
+};
+
+struct svc_key6 {
+	struct kx_in6 vip;
+	__be16 port;
+	__u8   proto;
+	__u8   pad;
+};
+
+struct backend6 {
+	struct kx_in6 addr;
+	__be16 port;
+	__u16  pad;
+};
+
+struct ct_key6 {
+	struct kx_in6 saddr;
+	struct kx_in6 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8   proto;
+	__u8   dir;
+	__u16  pad;
+};
+
+struct ct_entry6 {
+	__u64  last_ns;
+	__u64  flags;
+	struct kx_in6 client_addr;
+	struct kx_in6 front_addr;
+	struct kx_in6 backend_addr;
+	struct kx_in6 src_addr;
+	__be16 client_port;
+	__be16 front_port;
+	__be16 backend_port;
+	__be16 src_port;
+	__u32  svc_id;
+	__u32  created_s;
+};
+
+/* The fragment header's identification is 32 bits in IPv6. */
+struct frag_key6 {
+	struct kx_in6 saddr;
+	struct kx_in6 daddr;
+	__be32 id;
+	__u8   proto;
+	__u8   pad[3];
+};
+
+struct frag_value6 {
+	struct kx_in6 saddr;
+	struct kx_in6 daddr;
+};
+
+struct affinity_key6 {
+	__u32  svc_id;
+	struct kx_in6 client;
+	__u8   set;
+	__u8   pad[3];
+};
+
+struct affinity_value6 {
+	__u64  last_ns;
+	struct kx_in6 addr;
+	__be16 port;
+	__u16  pad;
+	__u32  pad2;
+};
+
+struct src_range_key6 {
+	__u32  prefixlen;  /* 32 + the CIDR's prefix length */
+	__u32  svc_id;
+	struct kx_in6 addr;
+};
+
+/* The IPv6 family's configuration. flags and the source port range are the family-free
+ * settings, written the same in both entries by user space: the datapath of a family
+ * reads its own entry only. */
+struct lb_config6 {
+	struct kx_in6 snat_addr;
+	struct kx_in6 cluster_cidr;
+	struct kx_in6 cluster_mask;
+	__u32  flags;
+	struct kx_in6 svc_cidr[KXLB_MAX_SVC_CIDRS];
+	struct kx_in6 svc_mask[KXLB_MAX_SVC_CIDRS];
+	__u16  src_port_min;
+	__u16  src_port_max;
+	struct kx_in6 node_addr;
+};
+
 #ifdef KXLB_DATAPATH
 #ifndef KXLB_PIN_DIR
 #define KXLB_PIN_DIR "/sys/fs/bpf/kxlb"
@@ -263,6 +363,22 @@ BPF_TABLE_PINNED("lpm_trie", struct src_range_key, __u8, src_range_map,
 BPF_TABLE_PINNED("lru_hash", struct sock_rev_key, struct sock_rev_value, sock_rev,
 		 KXLB_CT_ENTRIES, KXLB_PIN_DIR "/sock_rev");
 BPF_TABLE_PINNED("array", __u32, struct lb_config, cfg_map, 1, KXLB_PIN_DIR "/config");
+
+/* The IPv6 family's maps, as the IPv4 ones above. Its LRU tables (preallocated) are
+ * sized on their own (consts.h): a node that serves no IPv6 pays little for them. */
+BPF_TABLE_PINNED("hash", struct svc_key6, struct svc_value, svc_map6,
+		 KXLB_MAX_FRONTENDS, KXLB_PIN_DIR "/services6", BPF_F_NO_PREALLOC);
+BPF_TABLE_PINNED("hash", struct backend_key, struct backend6, backend_map6,
+		 KXLB_MAX_BACKEND_SLOTS, KXLB_PIN_DIR "/backends6", BPF_F_NO_PREALLOC);
+BPF_TABLE_PINNED("lru_hash", struct ct_key6, struct ct_entry6, ct_map6,
+		 KXLB_CT6_ENTRIES, KXLB_PIN_DIR "/conntrack6");
+BPF_TABLE_PINNED("lru_hash", struct frag_key6, struct frag_value6, frag_map6,
+		 KXLB_FRAG6_ENTRIES, KXLB_PIN_DIR "/frags6");
+BPF_TABLE_PINNED("lru_hash", struct affinity_key6, struct affinity_value6, affinity_map6,
+		 KXLB_AFFINITY6_ENTRIES, KXLB_PIN_DIR "/affinity6");
+BPF_TABLE_PINNED("lpm_trie", struct src_range_key6, __u8, src_range_map6,
+		 KXLB_SRC_RANGE_ENTRIES, KXLB_PIN_DIR "/src_ranges6", BPF_F_NO_PREALLOC);
+BPF_TABLE_PINNED("array", __u32, struct lb_config6, cfg_map6, 1, KXLB_PIN_DIR "/config6");
 #endif /* KXLB_DATAPATH */
 
 #endif

@@ -15,54 +15,12 @@
 #include "parse.h"
 #include "lb.h"
 #include "ct.h"
-
-#define OFF_(type, field) __builtin_offsetof(type, field)
-
-/* What to write into a packet: new source and destination (address and port). Fields
- * whose new value equals the old cost nothing. */
-struct nat_plan {
-	__u32  l3_off;
-	__u32  l4_off;
-	__be32 saddr_old, saddr_new;
-	__be32 daddr_old, daddr_new;
-	__be16 sport_old, sport_new;
-	__be16 dport_old, dport_new;
-	__u8   proto;
-	__u8   l4;         /* 1: ports and L4 checksum too; 0: addresses only (later fragment) */
-	__u8   pad[2];
-};
-
-/* Start a plan that changes nothing. */
-static __always_inline void nat_plan_init(struct nat_plan *n, const struct pkt *p)
-{
-	n->l3_off = p->l3_off;
-	n->l4_off = p->l4_off;
-	n->proto = p->proto;
-	n->l4 = p->first_frag;
-	n->saddr_old = n->saddr_new = p->saddr;
-	n->daddr_old = n->daddr_new = p->daddr;
-	n->sport_old = n->sport_new = p->sport;
-	n->dport_old = n->dport_new = p->dport;
-}
-
-/* tc: one L4 checksum change through the helper (it knows CHECKSUM_PARTIAL/COMPLETE:
- * `pseudo` for address changes, which the partial sum covers, not ports). */
-static __always_inline int tc_l4_csum(struct __sk_buff *skb, const struct nat_plan *n, __u32 from,
-				      __u32 to, __u64 size, __u64 pseudo)
-{
-	__u32 csum_off;
-	__u64 zero_flag = 0;
-
-	if (from == to)
-		return 0;
-	if (n->proto == IPPROTO_TCP) {
-		csum_off = n->l4_off + OFF_(struct tcphdr, check);
-	} else {
-		csum_off = n->l4_off + OFF_(struct udphdr, check);
-		zero_flag = BPF_F_MARK_MANGLED_0; /* 0 = "no checksum" stays 0 */
-	}
-	return bpf_l4_csum_replace(skb, csum_off, from, to, pseudo | zero_flag | size);
-}
+#include "tc_csum.h"
+/* IPv4's instances of the templates this file builds on. */
+#undef KX_FAM
+#define KX_FAM 4
+#include "ct.tmpl.h"
+#include "plan.tmpl.h"
 
 /* tc: the L4 checksum through the helpers, then the IP checksum, addresses and ports
  * written directly (the IP checksum is never offloaded and its change is neutral for
@@ -70,10 +28,10 @@ static __always_inline int tc_l4_csum(struct __sk_buff *skb, const struct nat_pl
 static __always_inline int nat_apply_tc(struct __sk_buff *skb, const struct nat_plan *n)
 {
 	if (n->l4) {
-		if (tc_l4_csum(skb, n, n->saddr_old, n->saddr_new, 4, BPF_F_PSEUDO_HDR) < 0 ||
-		    tc_l4_csum(skb, n, n->daddr_old, n->daddr_new, 4, BPF_F_PSEUDO_HDR) < 0 ||
-		    tc_l4_csum(skb, n, n->sport_old, n->sport_new, 2, 0) < 0 ||
-		    tc_l4_csum(skb, n, n->dport_old, n->dport_new, 2, 0) < 0)
+		if (tc_l4_csum(skb, n->proto, n->l4_off, n->saddr_old, n->saddr_new, 4, BPF_F_PSEUDO_HDR) < 0 ||
+		    tc_l4_csum(skb, n->proto, n->l4_off, n->daddr_old, n->daddr_new, 4, BPF_F_PSEUDO_HDR) < 0 ||
+		    tc_l4_csum(skb, n->proto, n->l4_off, n->sport_old, n->sport_new, 2, 0) < 0 ||
+		    tc_l4_csum(skb, n->proto, n->l4_off, n->dport_old, n->dport_new, 2, 0) < 0)
 			return -1;
 	}
 	/* The helpers invalidated packet pointers: take them again. */
@@ -144,6 +102,13 @@ static __always_inline int icmp_is_error(const struct pkt *p)
 {
 	return p->icmp_type == ICMP_DEST_UNREACH || p->icmp_type == ICMP_TIME_EXCEEDED ||
 	       p->icmp_type == ICMP_PARAMETERPROB;
+}
+
+/* IPv4 has no link-local ICMP the service path must leave alone (IPv6: neighbour
+ * discovery, nat6.h); an echo request to a cluster IP is rejected as kube-proxy does. */
+static __always_inline int icmp_link_local(const struct pkt *p)
+{
+	return 0;
 }
 
 /* Rewrite the header an ICMP error quotes to s:sp -> d:dp. The ICMP checksum covers

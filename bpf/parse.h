@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0 */
-/* Read-only parsing of Ethernet + IPv4 + TCP/UDP/ICMP into struct pkt. Nothing here
- * writes: a packet that fails any check is passed untouched by the caller. */
+/* Read-only parsing of Ethernet + IPv4 + TCP/UDP/ICMP into struct pkt (IPv6: parse6.h).
+ * Nothing here writes: a packet that fails any check is passed untouched by the caller. */
 #ifndef KXLB_PARSE_H
 #define KXLB_PARSE_H
 #include <uapi/linux/if_ether.h>
@@ -20,10 +20,16 @@
 #define TCP_RST_ 0x04
 #define TCP_ACK_ 0x10
 
+/* Bytes of a frame tc makes linear before parsing: Ethernet, IPv6 with a few extension
+ * headers, and an ICMP error's quote of a second IP header and its ports. */
+#define KXLB_LINEAR 192
+
 enum parse_result {
 	PARSE_OK = 0,
-	PARSE_NOT_IPV4,     /* another ethertype: not ours */
-	PARSE_MALFORMED,    /* IPv4 that is truncated or inconsistent */
+	PARSE_NOT_IP,       /* another ethertype: not ours */
+	PARSE_MALFORMED,    /* truncated or inconsistent: passed untouched */
+	PARSE_NOT_OURS,     /* well formed, but nothing a service proxy may touch (IPv6:
+			     * a routing header with segments left, AH) */
 };
 
 struct pkt {
@@ -42,9 +48,41 @@ struct pkt {
 	__u8   icmp_type;
 };
 
+/* The L4 header at `l4` of a datagram ending at `dgram_end`, for both families (`icmp`:
+ * the family's ICMP protocol number; ICMP and ICMPv6 headers both start with the type
+ * byte and take 8 bytes).
+ * The header must lie inside the datagram, not merely inside the frame: bytes after it
+ * are Ethernet padding, which the receiver trims. A TCP header whose data offset runs
+ * past the segment is cut too (the kernel drops it). */
+static __always_inline int parse_l4(void *l4, void *data_end, void *dgram_end, __u8 proto, __u8 icmp,
+				    __be16 *sport, __be16 *dport, __u8 *tcp_flags, __u8 *icmp_type)
+{
+	if (proto == IPPROTO_TCP) {
+		struct tcphdr *th = l4;
+		if ((void *)(th + 1) > data_end || (void *)(th + 1) > dgram_end || th->doff < 5 ||
+		    l4 + th->doff * 4 > dgram_end)
+			return PARSE_MALFORMED;
+		*sport = th->source;
+		*dport = th->dest;
+		*tcp_flags = ((__u8 *)th)[13];
+	} else if (proto == IPPROTO_UDP) {
+		struct udphdr *uh = l4;
+		if ((void *)(uh + 1) > data_end || (void *)(uh + 1) > dgram_end)
+			return PARSE_MALFORMED;
+		*sport = uh->source;
+		*dport = uh->dest;
+	} else if (proto == icmp) {
+		__u8 *ih = l4; /* the 8-byte header of ICMP and of ICMPv6 */
+		if ((void *)(ih + 8) > data_end || (void *)(ih + 8) > dgram_end)
+			return PARSE_MALFORMED;
+		*icmp_type = ih[0];
+	}
+	return PARSE_OK;
+}
+
 /* `len` is the packet's full length: at tc the payload may lie outside the linear
  * area that data..data_end covers (only the headers need to be there). */
-static __always_inline int parse_ipv4(void *data, void *data_end, __u32 len, struct pkt *p)
+static __always_inline int parse_ip(void *data, void *data_end, __u32 len, struct pkt *p)
 {
 	struct ethhdr *eth = data;
 	struct iphdr *ip;
@@ -52,9 +90,9 @@ static __always_inline int parse_ipv4(void *data, void *data_end, __u32 len, str
 	__u16 frag_off;
 
 	if ((void *)(eth + 1) > data_end)
-		return PARSE_NOT_IPV4;
+		return PARSE_NOT_IP;
 	if (eth->h_proto != bpf_htons(ETH_P_IP))
-		return PARSE_NOT_IPV4;
+		return PARSE_NOT_IP;
 
 	ip = (void *)(eth + 1);
 	if ((void *)(ip + 1) > data_end)
@@ -84,32 +122,8 @@ static __always_inline int parse_ipv4(void *data, void *data_end, __u32 len, str
 	if (!p->first_frag)
 		return PARSE_OK; /* no L4 header here: handled through frag_map */
 
-	void *l4 = (void *)ip + ihl_bytes;
-	/* The L4 header must lie inside the datagram (tot_len), not merely inside the frame:
-	 * bytes after tot_len are Ethernet padding, which the receiver trims. A TCP header
-	 * whose data offset runs past the segment is cut too (the kernel drops it). */
-	void *dgram_end = (void *)ip + tot_len;
-	if (p->proto == IPPROTO_TCP) {
-		struct tcphdr *th = l4;
-		if ((void *)(th + 1) > data_end || (void *)(th + 1) > dgram_end || th->doff < 5 ||
-		    l4 + th->doff * 4 > dgram_end)
-			return PARSE_MALFORMED;
-		p->sport = th->source;
-		p->dport = th->dest;
-		p->tcp_flags = ((__u8 *)th)[13];
-	} else if (p->proto == IPPROTO_UDP) {
-		struct udphdr *uh = l4;
-		if ((void *)(uh + 1) > data_end || (void *)(uh + 1) > dgram_end)
-			return PARSE_MALFORMED;
-		p->sport = uh->source;
-		p->dport = uh->dest;
-	} else if (p->proto == IPPROTO_ICMP) {
-		struct icmphdr *ih = l4;
-		if ((void *)(ih + 1) > data_end || (void *)(ih + 1) > dgram_end)
-			return PARSE_MALFORMED;
-		p->icmp_type = ih->type;
-	}
-	return PARSE_OK;
+	return parse_l4((void *)ip + ihl_bytes, data_end, (void *)ip + tot_len, p->proto, IPPROTO_ICMP,
+			&p->sport, &p->dport, &p->tcp_flags, &p->icmp_type);
 }
 
 #endif

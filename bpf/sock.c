@@ -34,7 +34,11 @@
 #define KXLB_DATAPATH 1
 #include "maps.h"
 #include "hash.h"
+#include "addr6.h"
 #include "lb.h"
+/* IPv4 services (IPv6 ones are not translated at the socket level yet). */
+#define KX_FAM 4
+#include "lb.tmpl.h"
 
 static __always_inline __u8 sock_proto(struct bpf_sock_addr *ctx)
 {

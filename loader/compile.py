@@ -3,9 +3,18 @@
 BCC rewrites map operations (``ct_map.lookup(&k)``) only in the main source file, not
 in headers it includes, so the local headers of ``bpf/`` are inlined into one text
 before compiling. ``#line`` markers keep compiler messages pointing at the real files.
+
+Templates (``*.tmpl.h``, bpf/family.tmpl.h) are written once for both address
+families and inlined at every include, with ``KX_(name)`` spelled for the family the
+including file last chose with ``#define KX_FAM 4`` or ``6``: ``name`` for IPv4,
+``name6`` for IPv6, include lines too (``#include "KX_(nat).h"``: nat.h or nat6.h).
+The substitution is textual, here, because BCC refuses a map call that a macro expands
+to. A template guards itself per family (``#ifndef KX_(KXLB_X_TMPL_H)``), so any file
+may include the templates it builds on.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import sys
@@ -17,25 +26,48 @@ from pathlib import Path
 
 from . import bpfsys
 from .errors import KxlbError
+from .layout import C
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 MAIN_SOURCE = BPF_DIR / "kxlb.c"
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
+_FAMILY = re.compile(r'^\s*#\s*define\s+KX_FAM\s+(\d+)\s*$')
+_FAMILY_NAME = re.compile(r"\bKX_\((\w+)\)")
+TEMPLATE_SUFFIX = ".tmpl.h"
+FAMILY_SUFFIX = {"4": "", "6": "6"}
 
 
-def inline_source(path: Path = MAIN_SOURCE, _seen: set[Path] | None = None) -> str:
-    """Return ``path`` with its local ``#include "x.h"`` lines replaced by the files."""
+def instantiate(text: str, family: str | None, where: Path) -> str:
+    """A template's text for one address family: ``KX_(name)`` -> ``name`` (IPv4) or
+    ``name6`` (IPv6)."""
+    if family not in FAMILY_SUFFIX:
+        raise KxlbError(f"{where}: a template included before `#define KX_FAM 4` or `6`")
+    return _FAMILY_NAME.sub(lambda m: m.group(1) + FAMILY_SUFFIX[family], text)
+
+
+def inline_source(path: Path = MAIN_SOURCE, _seen: set[Path] | None = None,
+                  _family: list[str | None] | None = None) -> str:
+    """Return ``path`` with its local ``#include "x.h"`` lines replaced by the files:
+    each header once (they have include guards), each template at every include, for
+    the address family chosen last (see the module's docstring)."""
     seen = _seen if _seen is not None else set()
+    family = _family if _family is not None else [None]
+    is_template = path.name.endswith(TEMPLATE_SUFFIX)
     out: list[str] = [f'#line 1 "{path}"']
     for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+        fam = _FAMILY.match(line)
+        if fam:
+            family[0] = fam.group(1)
+        if is_template:
+            line = instantiate(line, family[0], path)
         m = _LOCAL_INCLUDE.match(line)
         if not m:
             out.append(line)
             continue
         inc = (path.parent / m.group(1)).resolve()
-        if inc not in seen:  # every header has include guards; inline each once
+        if inc.name.endswith(TEMPLATE_SUFFIX) or inc not in seen:
             seen.add(inc)
-            out.append(inline_source(inc, seen))
+            out.append(inline_source(inc, seen, family))
         out.append(f'#line {lineno + 1} "{path}"')
     return "\n".join(out) + "\n"
 
@@ -107,8 +139,14 @@ def compile_datapath(pin_dir: str, extra_cflags: list[str] | None = None) -> Dat
         tc = bpf.load_func(b"kxlb_tc", BPF.SCHED_CLS)
         xdp = bpf.load_func(b"kxlb_xdp", BPF.XDP)
         egress = bpf.load_func(b"kxlb_tc_egress", BPF.SCHED_CLS)
+        # The IPv6 journeys, reached by tail call from the programs above (kxlb.c).
+        family = {("tc_progs", "PROG_IPV6"): bpf.load_func(b"kxlb_tc6", BPF.SCHED_CLS),
+                  ("tc_progs", "PROG_IPV6_EGRESS"): bpf.load_func(b"kxlb_tc_egress6", BPF.SCHED_CLS),
+                  ("xdp_progs", "PROG_IPV6"): bpf.load_func(b"kxlb_xdp6", BPF.XDP)}
     except Exception as exc:
         raise KxlbError(f"the kernel rejected the datapath: {exc}") from exc
+    for (array, slot), fn in family.items():
+        bpf.get_table(array.encode())[ctypes.c_int(C[slot])] = ctypes.c_int(fn.fd)
     for hook, fd in (("tc", tc.fd), ("xdp", xdp.fd), ("tc_egress", egress.fd)):
         path = os.path.join(pin_dir, PROG_PINS[hook])
         if os.path.exists(path):

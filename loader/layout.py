@@ -115,12 +115,67 @@ class SvcCounters(ctypes.Structure):
                 ("rev_bytes", u64), ("new_flows", u64)]
 
 
+# --- IPv6: the same structs with 16-byte addresses (maps.h) ---------------------------
+
+class In6(ctypes.Structure):
+    """struct kx_in6: an IPv6 address as four network-order words (raw wire bytes)."""
+    _fields_ = [("w", u32 * 4)]
+
+
+class SvcKey6(ctypes.Structure):
+    _fields_ = [("vip", In6), ("port", u16), ("proto", u8), ("pad", u8)]
+
+
+class BackendValue6(ctypes.Structure):
+    _fields_ = [("addr", In6), ("port", u16), ("pad", u16)]
+
+
+class CtKey6(ctypes.Structure):
+    _fields_ = [("saddr", In6), ("daddr", In6), ("sport", u16), ("dport", u16),
+                ("proto", u8), ("dir", u8), ("pad", u16)]
+
+
+class CtEntry6(ctypes.Structure):
+    _fields_ = [("last_ns", u64), ("flags", u64), ("client_addr", In6), ("front_addr", In6),
+                ("backend_addr", In6), ("src_addr", In6), ("client_port", u16), ("front_port", u16),
+                ("backend_port", u16), ("src_port", u16), ("svc_id", u32), ("created_s", u32)]
+
+
+class FragKey6(ctypes.Structure):
+    _fields_ = [("saddr", In6), ("daddr", In6), ("id", u32), ("proto", u8), ("pad", u8 * 3)]
+
+
+class FragValue6(ctypes.Structure):
+    _fields_ = [("saddr", In6), ("daddr", In6)]
+
+
+class AffinityKey6(ctypes.Structure):
+    _fields_ = [("svc_id", u32), ("client", In6), ("set", u8), ("pad", u8 * 3)]
+
+
+class AffinityValue6(ctypes.Structure):
+    _fields_ = [("last_ns", u64), ("addr", In6), ("port", u16), ("pad", u16), ("pad2", u32)]
+
+
+class SrcRangeKey6(ctypes.Structure):
+    _fields_ = [("prefixlen", u32), ("svc_id", u32), ("addr", In6)]
+
+
+class LbConfig6(ctypes.Structure):
+    _fields_ = [("snat_addr", In6), ("cluster_cidr", In6), ("cluster_mask", In6), ("flags", u32),
+                ("svc_cidr", In6 * C["MAX_SVC_CIDRS"]), ("svc_mask", In6 * C["MAX_SVC_CIDRS"]),
+                ("src_port_min", u16), ("src_port_max", u16), ("node_addr", In6)]
+
+
 MIRRORS: dict[str, type[ctypes.Structure]] = {
     "svc_key": SvcKey, "svc_value": SvcValue, "backend_key": BackendKey, "backend": BackendValue,
     "maglev_key": MaglevKey, "maglev_chunk": MaglevChunk,
     "ct_key": CtKey, "ct_entry": CtEntry, "frag_key": FragKey, "frag_value": FragValue,
     "affinity_key": AffinityKey, "affinity_value": AffinityValue, "src_range_key": SrcRangeKey,
     "lb_config": LbConfig, "sock_rev_key": SockRevKey, "sock_rev_value": SockRevValue, "svc_counters": SvcCounters,
+    "kx_in6": In6, "svc_key6": SvcKey6, "backend6": BackendValue6, "ct_key6": CtKey6, "ct_entry6": CtEntry6,
+    "frag_key6": FragKey6, "frag_value6": FragValue6, "affinity_key6": AffinityKey6,
+    "affinity_value6": AffinityValue6, "src_range_key6": SrcRangeKey6, "lb_config6": LbConfig6,
 }
 """C struct name -> ctypes mirror; the layout test walks this table."""
 
@@ -136,6 +191,15 @@ def ip_to_raw(ip: str) -> int:
 
 def raw_to_ip(raw: int) -> str:
     return socket.inet_ntoa(raw.to_bytes(4, _ORDER))
+
+
+def ip6_to_c(ip: str) -> In6:
+    """IPv6 text -> struct kx_in6 holding the address's wire bytes."""
+    return In6.from_buffer_copy(socket.inet_pton(socket.AF_INET6, ip))
+
+
+def c_to_ip6(addr: In6) -> str:
+    return socket.inet_ntop(socket.AF_INET6, bytes(addr))
 
 
 def port_to_raw(port: int) -> int:

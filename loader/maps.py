@@ -14,8 +14,10 @@ from typing import Generic, Iterable, Iterator, TypeVar
 
 from . import bpfsys
 from .errors import KxlbError
-from .layout import (C, AffinityKey, AffinityValue, BackendKey, BackendValue, CtEntry, CtKey, FragKey, FragValue,
-                     LbConfig, MaglevChunk, MaglevKey, SrcRangeKey, SvcCounters, SvcKey, SvcValue)
+from .layout import (C, AffinityKey, AffinityKey6, AffinityValue, AffinityValue6, BackendKey, BackendValue,
+                     BackendValue6, CtEntry, CtEntry6, CtKey, CtKey6, FragKey, FragKey6, FragValue, FragValue6,
+                     LbConfig, LbConfig6, MaglevChunk, MaglevKey, SrcRangeKey, SrcRangeKey6, SvcCounters, SvcKey,
+                     SvcKey6, SvcValue)
 
 K = TypeVar("K", bound=ctypes.Structure)
 V = TypeVar("V", bound=ctypes.Structure)
@@ -311,6 +313,14 @@ class Maps:
     svc_stats: SvcStats
     dp_stats: BpfMap
     config: BpfMap
+    # The IPv6 family's maps (maps.h: the same layouts with 16-byte addresses).
+    services6: BpfMap[SvcKey6, SvcValue]
+    backends6: BpfMap[BackendKey, BackendValue6]
+    conntrack6: BpfMap[CtKey6, CtEntry6]
+    frags6: BpfMap[FragKey6, FragValue6]
+    affinity6: BpfMap[AffinityKey6, AffinityValue6]
+    src_ranges6: BpfMap
+    config6: BpfMap
 
     @classmethod
     def open(cls, pin_dir: str = DEFAULT_PIN_DIR) -> "Maps":
@@ -329,11 +339,19 @@ class Maps:
             svc_stats=SvcStats(p("svc_stats")),
             dp_stats=BpfMap(p("dp_stats"), ctypes.c_uint32, ctypes.c_uint64, percpu=True),
             config=BpfMap(p("config"), ctypes.c_uint32, LbConfig),
+            services6=BpfMap(p("services6"), SvcKey6, SvcValue),
+            backends6=BpfMap(p("backends6"), BackendKey, BackendValue6),
+            conntrack6=BpfMap(p("conntrack6"), CtKey6, CtEntry6),
+            frags6=BpfMap(p("frags6"), FragKey6, FragValue6),
+            affinity6=BpfMap(p("affinity6"), AffinityKey6, AffinityValue6),
+            src_ranges6=BpfMap(p("src_ranges6"), SrcRangeKey6, ctypes.c_uint8),
+            config6=BpfMap(p("config6"), ctypes.c_uint32, LbConfig6),
         )
 
     def close(self) -> None:
         for m in (self.services, self.backends, self.maglev, self.conntrack, self.frags, self.affinity, self.src_ranges,
-                  self.svc_stats, self.dp_stats, self.config):
+                  self.svc_stats, self.dp_stats, self.config, self.services6, self.backends6, self.conntrack6,
+                  self.frags6, self.affinity6, self.src_ranges6, self.config6):
             m.close()
 
     def __enter__(self) -> "Maps":
@@ -344,5 +362,6 @@ class Maps:
 
 
 PIN_NAMES = ("services", "backends", "maglev", "conntrack", "frags", "affinity", "src_ranges", "svc_stats", "dp_stats", "sock_rev", "config",
-             "prog_tc", "prog_xdp", "prog_tc_egress")
+             "services6", "backends6", "conntrack6", "frags6", "affinity6", "src_ranges6", "config6",
+             "tc_progs", "xdp_progs", "prog_tc", "prog_xdp", "prog_tc_egress")
 """Everything the loader pins in a pin directory (maps, then the programs)."""

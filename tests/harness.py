@@ -132,7 +132,8 @@ def clean_table(maps) -> Iterator:
         yield t
     finally:
         for m in (maps.services, maps.backends, maps.maglev, maps.src_ranges, maps.conntrack, maps.frags,
-                  maps.affinity):
+                  maps.affinity, maps.services6, maps.backends6, maps.src_ranges6, maps.conntrack6, maps.frags6,
+                  maps.affinity6):
             for k in list(m.keys()):
                 m.delete(k)
         t.set_config(DatapathConfig())

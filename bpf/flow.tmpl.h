@@ -1,0 +1,341 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/* A packet's journey through one address family, and the tc and XDP hooks that apply
+ * its verdict. A template (family.tmpl.h): written once, instantiated for IPv4 and IPv6
+ * by kxlb.c, which hands each frame to its family's hook by ethertype. What differs by
+ * family (parsing, the NAT of the headers, ICMP errors, the reject) lives in the
+ * family's own headers under the same names (parse.h / parse6.h, nat.h / nat6.h,
+ * reject.h / reject6.h). */
+#ifndef KX_(KXLB_FLOW_TMPL_H)
+#define KX_(KXLB_FLOW_TMPL_H)
+#include <uapi/linux/pkt_cls.h>
+#include "family.tmpl.h"
+#include "lb.h"
+#include "ct.h"
+#include "lb.tmpl.h"
+#include "ct.tmpl.h"
+#include "plan.tmpl.h"
+#include "KX_(nat).h"
+#include "KX_(reject).h"
+
+
+/* First fragment of a translated datagram: remember the new addresses for the rest. */
+static __always_inline void KX_(frag_remember)(const struct KX_(pkt) *p, const struct KX_(nat_plan) *n)
+{
+	if (!p->frag)
+		return;
+	struct KX_(frag_key) fk = {.saddr = p->saddr, .daddr = p->daddr, .id = p->ip_id, .proto = p->proto};
+	struct KX_(frag_value) fv = {.saddr = n->saddr_new, .daddr = n->daddr_new};
+	KX_(frag_map).update(&fk, &fv);
+}
+
+/* Later fragment: no ports to look at; translate the address like its first fragment
+ * did. One that overtook its first fragment is passed untouched (never corrupted). */
+static __always_inline int KX_(frag_follow)(const struct KX_(pkt) *p, struct KX_(nat_plan) *n)
+{
+	struct KX_(frag_key) fk = {.saddr = p->saddr, .daddr = p->daddr, .id = p->ip_id, .proto = p->proto};
+	struct KX_(frag_value) *fv = KX_(frag_map).lookup(&fk);
+
+	if (!fv) {
+		stat_inc(KXLB_ST_FRAG_UNKNOWN);
+		return LB_PASS;
+	}
+	KX_(nat_plan_init)(n, p); /* a later fragment: l4 = 0, addresses only */
+	n->saddr_new = fv->saddr;
+	n->daddr_new = fv->daddr;
+	stat_inc(KXLB_ST_FRAG_NAT);
+	return LB_NAT;
+}
+
+/* Where a new flow comes from, as traffic policies see it: kube-proxy's detect-local
+ * (the cluster CIDR). Without one configured every client counts as external. */
+static __always_inline __u8 KX_(packet_origin)(const struct KX_(lb_config) *cfg, const kx_addr_t *saddr)
+{
+	if (cfg && !KX_ZERO(cfg->cluster_mask) && KX_IN_NET(*saddr, cfg->cluster_cidr, cfg->cluster_mask))
+		return KXLB_ORIGIN_POD;
+	return KXLB_ORIGIN_EXTERNAL;
+}
+
+/* Reject a new flow (ICMP port unreachable), or drop it when it cannot be quoted (a
+ * fragment, IPv4 options). */
+static __always_inline int KX_(reject_or_drop)(void *data, void *data_end, const struct KX_(pkt) *p,
+					       struct KX_(reject_info) *ri)
+{
+	/* Not a fragment (nothing to quote), and never an ICMP error about an ICMP error
+	 * (RFC 1122 3.2.2, RFC 4443 2.4; the kernel's icmp_send behind kube-proxy's reject
+	 * refuses too). */
+	if (!p->frag && !(p->proto == KX_IPPROTO_ICMP && KX_(icmp_is_error)(p)) &&
+	    KX_(reject_save)(data, data_end, ri) == 0)
+		return LB_REJECT;
+	return LB_DROP;
+}
+
+/* No frontend and no flow: pass, unless it addresses the service CIDR (a cluster IP on
+ * a port no Service defines is rejected, an unallocated address dropped). */
+static __always_inline int KX_(not_a_service)(void *data, void *data_end, const struct KX_(pkt) *p,
+					      struct KX_(reject_info) *ri)
+{
+	switch (KX_(lb_unknown_service_addr)(KX_(lb_config_get)(), &p->daddr)) {
+	case LB_DEC_REJECT:
+		return KX_(reject_or_drop)(data, data_end, p, ri);
+	case LB_DEC_DROP:
+		return LB_DROP;
+	}
+	stat_inc(KXLB_ST_PASS);
+	return LB_PASS;
+}
+
+/* The rewrite a conntrack entry prescribes for a packet of its direction (maps.h):
+ * forward client:port -> front:port becomes src:src_port -> backend:port, and replies
+ * the reverse. Fields that keep their value cost nothing (nat.h). */
+static __always_inline void KX_(ct_plan)(__u8 dir, const struct KX_(ct_entry) *e, const struct KX_(pkt) *p,
+					 struct KX_(nat_plan) *n)
+{
+	KX_(nat_plan_init)(n, p);
+	if (dir == KXLB_CT_DIR_FWD) {
+		n->saddr_new = e->src_addr;
+		n->sport_new = e->src_port;
+		n->daddr_new = e->backend_addr;
+		n->dport_new = e->backend_port;
+	} else {
+		n->saddr_new = e->front_addr;
+		n->sport_new = e->front_port;
+		n->daddr_new = e->client_addr;
+		n->dport_new = e->client_port;
+	}
+}
+
+/* Translate a packet of a tracked flow with its conntrack entry. */
+static __always_inline int KX_(ct_translate)(const struct KX_(ct_key) *k, struct KX_(ct_entry) *e,
+					     const struct KX_(pkt) *p, __u64 now, struct KX_(nat_plan) *n)
+{
+	KX_(ct_touch)(k, e, p, now);
+	KX_(ct_plan)(k->dir, e, p, n);
+	svc_account(e->svc_id, k->dir, p->len, 0);
+	stat_inc(k->dir == KXLB_CT_DIR_FWD ? KXLB_ST_CT_FWD : KXLB_ST_CT_REV);
+	KX_(frag_remember)(p, n);
+	return LB_NAT;
+}
+
+/* What one packet's journey works in: the parsed packet, the plan, the reject's saved
+ * headers and a new flow's conntrack entry. IPv4 keeps it on the stack; IPv6's is too
+ * big for the 512-byte stack beside the rest and lives in a per-CPU map (one lookup
+ * per packet). */
+struct KX_(lb_scratch) {
+	struct KX_(pkt) p;
+	struct KX_(nat_plan) n;
+	struct KX_(reject_info) ri;
+	struct KX_(ct_entry) fe;
+};
+
+/* The hooks declare KX_SCRATCH_ON_STACK_DECL and take their scratch from here: the
+ * stack copy it names (IPv4), or this CPU's map entry (IPv6; NULL never happens
+ * for a one-entry array, but the verifier wants the check). */
+#undef KX_SCRATCH_ON_STACK_DECL
+#undef KX_SCRATCH_ON_STACK_ARG
+#if KX_SCRATCH_ON_STACK
+#define KX_SCRATCH_ON_STACK_DECL struct KX_(lb_scratch) scratch_on_stack
+#define KX_SCRATCH_ON_STACK_ARG &scratch_on_stack
+static __always_inline struct KX_(lb_scratch) *KX_(lb_scratch_get)(struct KX_(lb_scratch) *on_stack)
+{
+	/* Zeroed as the journey's locals were: the packet and the plan (the rest is
+	 * written before it is read). */
+	__builtin_memset(&on_stack->p, 0, sizeof(on_stack->p));
+	__builtin_memset(&on_stack->n, 0, sizeof(on_stack->n));
+	return on_stack;
+}
+#else
+#define KX_SCRATCH_ON_STACK_DECL do {} while (0)
+#define KX_SCRATCH_ON_STACK_ARG
+BPF_PERCPU_ARRAY(KX_(lb_scratch_map), struct KX_(lb_scratch), 1);
+
+static __always_inline struct KX_(lb_scratch) *KX_(lb_scratch_get)(void)
+{
+	__u32 zero = 0;
+	return KX_(lb_scratch_map).lookup(&zero);
+}
+#endif
+
+static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len, struct KX_(lb_scratch) *s)
+{
+#define p (s->p)
+	struct KX_(nat_plan) *n = &s->n;
+	struct KX_(reject_info) *ri = &s->ri;
+	struct KX_(ct_entry) *e;
+	struct svc_value *svp;
+	__u64 now;
+
+	switch (KX_(parse_ip)(data, data_end, len, &p)) {
+	case PARSE_OK:
+		break;
+	case PARSE_NOT_IP:
+		stat_inc(KXLB_ST_NOT_IP);
+		return LB_PASS;
+	case PARSE_NOT_OURS:
+		stat_inc(KXLB_ST_PASS);
+		return LB_PASS;
+	default:
+		stat_inc(KXLB_ST_MALFORMED);
+		return LB_PASS;
+	}
+	p.len = len;
+	if (!p.first_frag)
+		return KX_(frag_follow)(&p, n);
+
+	if (p.proto == KX_IPPROTO_ICMP) {
+		now = ct_now();
+		if (!p.frag && KX_(icmp_error_nat)(data, data_end, &p, now)) {
+			stat_inc(KXLB_ST_ICMP_NAT);
+			return LB_DONE;
+		}
+		if (KX_(icmp_link_local)(&p)) { /* neighbour discovery and the like: never ours */
+			stat_inc(KXLB_ST_PASS);
+			return LB_PASS;
+		}
+		return KX_(not_a_service)(data, data_end, &p, ri); /* ping to a cluster IP: rejected */
+	}
+	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP)
+		return KX_(not_a_service)(data, data_end, &p, ri);
+
+	/* 1. Client packet of a tracked flow: its backend is already decided. */
+	struct KX_(ct_key) k = {.saddr = p.saddr, .daddr = p.daddr, .sport = p.sport,
+				.dport = p.dport, .proto = p.proto, .dir = KXLB_CT_DIR_FWD};
+	e = KX_(ct_map).lookup(&k);
+	now = e ? ct_now() : 0; /* the clock only when an entry is there to judge */
+	if (e && KX_(ct_usable)(e, &p, now))
+		return KX_(ct_translate)(&k, e, &p, now, n);
+
+	/* 2. New flow to a service frontend. */
+	struct KX_(svc_key) sk = {.vip = p.daddr, .port = p.dport, .proto = p.proto};
+	svp = KX_(svc_map).lookup(&sk);
+	if (svp) {
+		struct svc_value sv = *svp; /* one snapshot: sizes and gen together */
+		struct KX_(lb_config) *cfg = KX_(lb_config_get)();
+		struct KX_(lb_flow) f = {.client = p.saddr, .origin = KX_(packet_origin)(cfg, &p.saddr),
+					 .hash = flow_hash(KX_FOLD(p.saddr), KX_FOLD(p.daddr),
+							   ((__u32)p.sport << 16) | p.dport,
+							   KXLB_HASH_SEED ^ p.proto)};
+		struct KX_(lb_choice) c = {};
+
+		switch (KX_(lb_decide)(&sk, &sv, &f, cfg, &c)) {
+		case LB_DEC_BACKEND:
+			break;
+		case LB_DEC_REJECT:
+			return KX_(reject_or_drop)(data, data_end, &p, ri);
+		default:
+			return LB_DROP;
+		}
+		if (!now)
+			now = ct_now();
+		struct KX_(ct_entry) *fe = &s->fe;
+		int err = KX_(ct_create)(&k, &p, &c.be, sv.svc_id, c.snat, f.hash, cfg, now, fe);
+		if (err < 0) {
+			stat_inc(err == -2 ? KXLB_ST_SNAT_NO_PORT : KXLB_ST_CT_FULL);
+			return LB_DROP;
+		}
+		KX_(ct_plan)(KXLB_CT_DIR_FWD, fe, &p, n); /* as the entry just written says */
+		svc_account(sv.svc_id, KXLB_CT_DIR_FWD, len, 1);
+		stat_inc(KX_ZERO(c.snat) ? KXLB_ST_NEW_FLOW : KXLB_ST_SNAT);
+		KX_(frag_remember)(&p, n);
+		return LB_NAT;
+	}
+
+	/* 3. A translated 4-tuple (canonical REV key): from the backend, a reply to bring
+	 * back to frontend:port; from the other side, the client talking to the backend
+	 * directly, so the entry outlived its flow and must not touch the answers. */
+	KX_(ct_rev_key)(p.saddr, p.sport, p.daddr, p.dport, p.proto, &k);
+	e = KX_(ct_map).lookup(&k);
+	if (e) {
+		if (!now)
+			now = ct_now();
+		if (KX_(ct_live)(e, p.proto, now)) {
+			if (KX_EQ(e->backend_addr, p.saddr) && e->backend_port == p.sport)
+				return KX_(ct_translate)(&k, e, &p, now, n);
+			KX_(ct_forget)(&k, e);
+		}
+	}
+
+	return KX_(not_a_service)(data, data_end, &p, ri);
+#undef p
+}
+
+/* The hooks of one family are functions of their own (BPF-to-BPF calls), not inlined:
+ * each family's journey gets its own 512-byte stack frame, which the two together
+ * inlined into one program would exceed. */
+
+/* tc ingress, for a frame of this family (kxlb.c made its headers linear). */
+static __always_inline int KX_(lb_tc)(struct __sk_buff *skb)
+{
+	KX_SCRATCH_ON_STACK_DECL;
+	struct KX_(lb_scratch) *s = KX_(lb_scratch_get)(KX_SCRATCH_ON_STACK_ARG);
+
+	if (!s)
+		return TC_ACT_UNSPEC;
+	int v;
+
+	v = KX_(lb_process)((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, s);
+	if (v == LB_NAT)
+		return KX_(nat_apply_tc)(skb, &s->n) < 0 ? TC_ACT_SHOT : TC_ACT_OK;
+	if (v == LB_REJECT) {
+		/* A fresh frame of KX_(REJECT_LEN) bytes, back out of the interface it came in
+		 * on. CHECKSUM_PARTIAL state of the original skb is not reset (no helper does):
+		 * harmless on veths, whose receiver trusts it; see docs/datapath.md. */
+		if (bpf_skb_change_tail(skb, KX_(REJECT_LEN), 0) < 0 ||
+		    KX_(reject_build)((void *)(long)skb->data, (void *)(long)skb->data_end, &s->ri) < 0)
+			return TC_ACT_SHOT;
+		return bpf_redirect(skb->ifindex, 0);
+	}
+	if (v == LB_DROP)
+		return TC_ACT_SHOT;
+	/* Not ours: TC_ACT_UNSPEC hands the packet to the next filter on this hook (another
+	 * tool's policy, accounting, mirroring) and, with none left, on up the stack as
+	 * TC_ACT_OK would. TC_ACT_OK, kept for what we rewrote, ends classification. */
+	if (v == LB_DONE)
+		return TC_ACT_OK;
+	return TC_ACT_UNSPEC;
+}
+
+/* tc egress: ICMP errors this node generates about a translated flow leave through
+ * here (e.g. "fragmentation needed" / "packet too big" when a client's translated
+ * packet does not fit the backend's path): their quote shows the translated packet,
+ * which the client never sent, so it is translated back (icmp_error_nat) or path MTU
+ * discovery through a VIP would fail. Everything else goes on untouched. */
+static __always_inline int KX_(lb_tc_egress)(struct __sk_buff *skb)
+{
+	struct KX_(pkt) p = {};
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	if (KX_(parse_ip)(data, data_end, skb->len, &p) != PARSE_OK || p.proto != KX_IPPROTO_ICMP || p.frag)
+		return TC_ACT_UNSPEC;
+	p.len = skb->len;
+	if (!KX_(icmp_error_nat)(data, data_end, &p, ct_now()))
+		return TC_ACT_UNSPEC;
+	stat_inc(KXLB_ST_ICMP_NAT);
+	return TC_ACT_OK;
+}
+
+static __always_inline int KX_(lb_xdp)(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	KX_SCRATCH_ON_STACK_DECL;
+	struct KX_(lb_scratch) *s = KX_(lb_scratch_get)(KX_SCRATCH_ON_STACK_ARG);
+
+	if (!s)
+		return XDP_PASS;
+	int v;
+
+	v = KX_(lb_process)(data, data_end, data_end - data, s);
+	if (v == LB_NAT)
+		return KX_(nat_apply_xdp)(data, data_end, &s->n) < 0 ? XDP_DROP : XDP_PASS;
+	if (v == LB_REJECT) {
+		if (bpf_xdp_adjust_tail(ctx, KX_(REJECT_LEN) - (int)(data_end - data)) < 0)
+			return XDP_DROP;
+		data = (void *)(long)ctx->data;
+		data_end = (void *)(long)ctx->data_end;
+		return KX_(reject_build)(data, data_end, &s->ri) < 0 ? XDP_DROP : XDP_TX;
+	}
+	return v == LB_DROP ? XDP_DROP : XDP_PASS;
+}
+
+#endif

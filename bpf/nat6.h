@@ -1,0 +1,234 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/* IPv6 packet rewrites and ICMPv6 errors: the twin of nat.h. IPv6 has no header
+ * checksum: an address change is covered by the L4 checksum alone (its pseudo-header),
+ * and by the ICMPv6 checksum, which covers a pseudo-header too. The plan is applied
+ * as nat.h applies it: tc through the checksum helpers (CHECKSUM_PARTIAL and COMPLETE
+ * skbs), XDP by hand. */
+#ifndef KXLB_NAT6_H
+#define KXLB_NAT6_H
+#include "maps.h"
+#include "csum.h"
+#include "addr6.h"
+#include "parse6.h"
+#include "lb.h"
+#include "ct.h"
+#include "tc_csum.h"
+/* IPv6's instances of the templates this file builds on. */
+#undef KX_FAM
+#define KX_FAM 6
+#include "ct.tmpl.h"
+#include "plan.tmpl.h"
+
+/* New checksum after a 16-byte address of the covered data changed from -> to. */
+static __always_inline __u16 csum_update_in6(__u16 sum, const struct kx_in6 *from, const struct kx_in6 *to)
+{
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		sum = csum_update32(sum, from->w[i], to->w[i]);
+	return sum;
+}
+
+/* tc: the L4 checksum through the helpers (one difference for both addresses, as the
+ * pseudo-header sees them), then addresses and ports written directly. */
+static __always_inline int nat_apply_tc6(struct __sk_buff *skb, const struct nat_plan6 *n)
+{
+	__u32 l4_off = n->l4_off;
+
+	if (l4_off > IP6_MAX_L4_OFF)
+		return -1;
+	if (n->l4) {
+		if (!kx6_eq(&n->saddr_old, &n->saddr_new) || !kx6_eq(&n->daddr_old, &n->daddr_new)) {
+			__s64 d = bpf_csum_diff((__be32 *)&n->saddr_old, 16, (__be32 *)&n->saddr_new, 16, 0);
+			if (d < 0)
+				return -1;
+			d = bpf_csum_diff((__be32 *)&n->daddr_old, 16, (__be32 *)&n->daddr_new, 16, (__u32)d);
+			if (d < 0 || tc_l4_csum(skb, n->proto, l4_off, 0, (__u32)d, 0, BPF_F_PSEUDO_HDR) < 0)
+				return -1;
+		}
+		if (tc_l4_csum(skb, n->proto, l4_off, n->sport_old, n->sport_new, 2, 0) < 0 ||
+		    tc_l4_csum(skb, n->proto, l4_off, n->dport_old, n->dport_new, 2, 0) < 0)
+			return -1;
+	}
+	/* The helpers invalidated packet pointers: take them again. */
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ipv6hdr *ip6 = data + ETH_HLEN_;
+
+	if ((void *)(ip6 + 1) > data_end)
+		return -1;
+	__builtin_memcpy(&ip6->saddr, &n->saddr_new, 16);
+	__builtin_memcpy(&ip6->daddr, &n->daddr_new, 16);
+	if (n->l4) {
+		__be16 *ports = data + l4_off;
+		if ((void *)(ports + 2) > data_end)
+			return -1;
+		ports[0] = n->sport_new;
+		ports[1] = n->dport_new;
+	}
+	return 0;
+}
+
+/* XDP: rewrite in place, the L4 checksum by hand. IPv6 UDP must carry a checksum: a
+ * computed 0 is sent as 0xffff (udp_csum_fixup). */
+static __always_inline int nat_apply_xdp6(void *data, void *data_end, const struct nat_plan6 *n)
+{
+	struct ipv6hdr *ip6 = data + ETH_HLEN_;
+	__u32 l4_off = n->l4_off;
+	__u16 *csum;
+
+	if ((void *)(ip6 + 1) > data_end || l4_off > IP6_MAX_L4_OFF)
+		return -1;
+	if (n->l4) {
+		__be16 *ports = data + l4_off;
+		if (n->proto == IPPROTO_TCP) {
+			struct tcphdr *th = (void *)ports;
+			if ((void *)(th + 1) > data_end)
+				return -1;
+			csum = &th->check;
+		} else {
+			struct udphdr *uh = (void *)ports;
+			if ((void *)(uh + 1) > data_end)
+				return -1;
+			csum = &uh->check;
+		}
+		__u16 c = csum_update_in6(*csum, &n->saddr_old, &n->saddr_new);
+		c = csum_update_in6(c, &n->daddr_old, &n->daddr_new);
+		c = csum_update16(c, n->sport_old, n->sport_new);
+		c = csum_update16(c, n->dport_old, n->dport_new);
+		*csum = n->proto == IPPROTO_UDP ? udp_csum_fixup(c) : c;
+		ports[0] = n->sport_new;
+		ports[1] = n->dport_new;
+	}
+	__builtin_memcpy(&ip6->saddr, &n->saddr_new, 16);
+	__builtin_memcpy(&ip6->daddr, &n->daddr_new, 16);
+	return 0;
+}
+
+/* An ICMPv6 error message (types below 128, RFC 4443 2.1): never answered with another. */
+static __always_inline int icmp_is_error6(const struct pkt6 *p)
+{
+	return p->icmp_type < 128;
+}
+
+/* ICMPv6 beyond echo (neighbour discovery, router discovery, MLD): link-local control
+ * traffic, never a service's; passed untouched whatever it addresses. */
+static __always_inline int icmp_link_local6(const struct pkt6 *p)
+{
+	return p->icmp_type > ICMPV6_ECHO_REPLY_;
+}
+
+/* Rewrite the IPv6 header an ICMPv6 error quotes to s:sp -> d:dp, and the ICMPv6
+ * checksum `*ic` with every word changed in the quote (addresses, ports, the quoted L4
+ * checksum `l4c` when the quote reaches it). */
+static __always_inline void icmp6_quote_rewrite(__u16 *ic, struct ipv6hdr *in, __u16 *in_ports, __u16 *l4c,
+						const struct kx_in6 *s, __be16 sp, const struct kx_in6 *d, __be16 dp)
+{
+	struct kx_in6 *is = (void *)&in->saddr, *id = (void *)&in->daddr;
+	__u16 icsum = *ic;
+
+	if (l4c) {
+		__u16 old = *l4c;
+		__u16 c = csum_update_in6(old, is, s);
+		c = csum_update_in6(c, id, d);
+		c = csum_update16(c, in_ports[0], sp);
+		c = csum_update16(c, in_ports[1], dp);
+		if (in->nexthdr == IPPROTO_UDP)
+			c = udp_csum_fixup(c);
+		*l4c = c;
+		icsum = csum_update16(icsum, old, c);
+	}
+	icsum = csum_update16(icsum, in_ports[0], sp);
+	icsum = csum_update16(icsum, in_ports[1], dp);
+	in_ports[0] = sp;
+	in_ports[1] = dp;
+	icsum = csum_update_in6(icsum, is, s);
+	icsum = csum_update_in6(icsum, id, d);
+	*is = *s;
+	*id = *d;
+	*ic = icsum;
+}
+
+/* Translate an ICMPv6 error: its quote to s:sp -> d:dp, and the outer addresses that
+ * name a party of the quote (never a router's): the quote's old source becomes s, its
+ * old destination d. The ICMPv6 checksum covers the outer addresses (pseudo-header). */
+static __always_inline void icmp6_translate(struct ipv6hdr *ip6, __u16 *ic, struct ipv6hdr *in, __u16 *in_ports,
+					    __u16 *l4c, const struct kx_in6 *s, __be16 sp,
+					    const struct kx_in6 *d, __be16 dp)
+{
+	struct kx_in6 old_s = *(struct kx_in6 *)&in->saddr, old_d = *(struct kx_in6 *)&in->daddr;
+	struct kx_in6 *os = (void *)&ip6->saddr, *od = (void *)&ip6->daddr;
+
+	icmp6_quote_rewrite(ic, in, in_ports, l4c, s, sp, d, dp);
+	if (kx6_eq(od, &old_s)) {
+		*ic = csum_update_in6(*ic, od, s);
+		*od = *s;
+	}
+	if (kx6_eq(os, &old_d)) {
+		*ic = csum_update_in6(*ic, os, d);
+		*os = *d;
+	}
+}
+
+/* ICMPv6 error about a tracked flow (destination unreachable, packet too big, time
+ * exceeded, parameter problem), translated as nat.h icmp_error_nat() does for IPv4:
+ * a quoted reply goes on to the backend, a quoted forward packet back to the client.
+ * The quote must name TCP or UDP right after its IPv6 header (a quote with extension
+ * headers is passed untouched). Returns 1 when translated, 0 when not ours. */
+static __always_inline int icmp_error_nat6(void *data, void *data_end, const struct pkt6 *p, __u64 now)
+{
+	struct ipv6hdr *ip6 = data + ETH_HLEN_;
+	__u32 l4_off = p->l4_off;
+	__u16 *l4c = 0;
+	struct ct_key6 k;
+	struct ct_entry6 *e;
+
+	if (!icmp_is_error6(p) || l4_off > IP6_MAX_L4_OFF)
+		return 0;
+	if ((void *)(ip6 + 1) > data_end)
+		return 0;
+	void *end = (void *)(ip6 + 1) + bpf_ntohs(ip6->payload_len);
+	__u16 *ih = data + l4_off;               /* type, code, checksum, 4 bytes */
+	struct ipv6hdr *in = (void *)(ih + 4);
+	if ((void *)(in + 1) > data_end || (void *)(in + 1) > end)
+		return 0;
+	if (in->nexthdr != IPPROTO_TCP && in->nexthdr != IPPROTO_UDP)
+		return 0;
+	__u16 *in_ports = (void *)(in + 1);
+	if ((void *)(in_ports + 2) > data_end || (void *)(in_ports + 2) > end)
+		return 0;
+	if (in->nexthdr == IPPROTO_UDP) {
+		if ((void *)(in_ports + 4) <= data_end && (void *)(in_ports + 4) <= end)
+			l4c = &in_ports[3];
+	} else if ((void *)(in_ports + 9) <= data_end && (void *)(in_ports + 9) <= end) {
+		l4c = &in_ports[8]; /* tcphdr.check at byte 16 */
+	}
+
+	/* A quoted reply: its reverse is the flow's FWD key. */
+	__builtin_memcpy(&k.saddr, &in->daddr, 16);
+	__builtin_memcpy(&k.daddr, &in->saddr, 16);
+	k.sport = in_ports[1];
+	k.dport = in_ports[0];
+	k.proto = in->nexthdr;
+	k.dir = KXLB_CT_DIR_FWD;
+	k.pad = 0;
+	e = ct_map6.lookup(&k);
+	if (e && ct_live6(e, k.proto, now)) {
+		icmp6_translate(ip6, &ih[1], in, in_ports, l4c, &e->backend_addr, e->backend_port, &e->src_addr,
+				e->src_port);
+		svc_account(e->svc_id, KXLB_CT_DIR_FWD, p->len, 0);
+		return 1;
+	}
+	/* A quoted forward packet: the flow's REV key, quoted from the source side. */
+	struct kx_in6 qs = *(struct kx_in6 *)&in->saddr, qd = *(struct kx_in6 *)&in->daddr;
+	ct_rev_key6(qs, in_ports[0], qd, in_ports[1], in->nexthdr, &k);
+	e = ct_map6.lookup(&k);
+	if (!e || !ct_live6(e, k.proto, now) || !kx6_eq(&e->src_addr, &qs) || e->src_port != in_ports[0] ||
+	    !kx6_eq(&e->backend_addr, &qd) || e->backend_port != in_ports[1])
+		return 0;
+	icmp6_translate(ip6, &ih[1], in, in_ports, l4c, &e->client_addr, e->client_port, &e->front_addr,
+			e->front_port);
+	svc_account(e->svc_id, KXLB_CT_DIR_REV, p->len, 0);
+	return 1;
+}
+
+#endif

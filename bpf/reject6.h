@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/* Reject, IPv6: a new flow to a service without any endpoint is answered with ICMPv6
+ * destination unreachable, port unreachable (kube-proxy's icmp6-port-unreachable) from
+ * the VIP. The IPv6 twin of reject.h: built in the packet's own buffer, sent back out
+ * of the interface it came in on. */
+#ifndef KXLB_REJECT6_H
+#define KXLB_REJECT6_H
+#include "csum.h"
+#include "parse6.h"
+#include "reject.h"
+
+#define REJECT_QUOTE6 48                                      /* the IPv6 header + 8 bytes */
+#define REJECT_LEN6 (ETH_HLEN_ + IP6_HLEN_ + 8 + REJECT_QUOTE6) /* the whole reply frame */
+
+struct reject_info6 {
+	__u8 client_mac[6];
+	__u8 node_mac[6];
+	__u8 quote[REJECT_QUOTE6];
+};
+
+/* Save the packet's addresses and quote; 0, or -1 when it is too short to quote. */
+static __always_inline int reject_save6(void *data, void *data_end, struct reject_info6 *ri)
+{
+	struct ethhdr *eth = data;
+
+	if (data + ETH_HLEN_ + REJECT_QUOTE6 > data_end)
+		return -1;
+	__builtin_memcpy(ri->client_mac, eth->h_source, 6);
+	__builtin_memcpy(ri->node_mac, eth->h_dest, 6);
+	__builtin_memcpy(ri->quote, data + ETH_HLEN_, REJECT_QUOTE6);
+	return 0;
+}
+
+/* Write the reply over a buffer of exactly REJECT_LEN6 bytes. */
+static __always_inline int reject_build6(void *data, void *data_end, const struct reject_info6 *ri)
+{
+	struct ethhdr *eth = data;
+	struct ipv6hdr *ip6 = data + ETH_HLEN_;
+	__u8 *ih = (void *)(ip6 + 1);
+	const struct ipv6hdr *orig = (const void *)ri->quote;
+
+	if (data + REJECT_LEN6 > data_end)
+		return -1;
+	__builtin_memcpy(eth->h_dest, ri->client_mac, 6);
+	__builtin_memcpy(eth->h_source, ri->node_mac, 6);
+	eth->h_proto = bpf_htons(ETH_P_IPV6_);
+
+	*(__be32 *)ip6 = kx_htonl(0x60000000); /* version 6, traffic class 0, no flow label */
+	ip6->payload_len = bpf_htons(8 + REJECT_QUOTE6);
+	ip6->nexthdr = IPPROTO_ICMPV6_;
+	ip6->hop_limit = 64;
+	__builtin_memcpy(&ip6->saddr, &orig->daddr, 16); /* from the VIP */
+	__builtin_memcpy(&ip6->daddr, &orig->saddr, 16);
+
+	ih[0] = ICMPV6_DEST_UNREACH_;
+	ih[1] = ICMPV6_PORT_UNREACH_;
+	*(__u16 *)(ih + 2) = 0;
+	*(__u32 *)(ih + 4) = 0;
+	__builtin_memcpy(ih + 8, ri->quote, REJECT_QUOTE6);
+
+	/* The checksum covers a pseudo-header: both addresses, the upper-layer length and
+	 * the next header (RFC 8200 8.1), then the message. */
+	__u32 sum = bpf_htons(8 + REJECT_QUOTE6) + bpf_htons(IPPROTO_ICMPV6_);
+	const __u16 *w = (const __u16 *)&ip6->saddr;
+#pragma unroll
+	for (int i = 0; i < 16; i++)
+		sum += w[i];
+	w = (const __u16 *)ih;
+#pragma unroll
+	for (int i = 0; i < (8 + REJECT_QUOTE6) / 2; i++)
+		sum += w[i];
+	*(__u16 *)(ih + 2) = (__u16)~csum_fold32(sum);
+	return 0;
+}
+
+#endif

@@ -1,0 +1,33 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/* tc: L4 checksum changes through the kernel's helper, for both address families. */
+#ifndef KXLB_TC_CSUM_H
+#define KXLB_TC_CSUM_H
+#include <uapi/linux/in.h>
+#include <uapi/linux/tcp.h>
+#include <uapi/linux/udp.h>
+
+#define OFF_(type, field) __builtin_offsetof(type, field)
+
+/* tc: one L4 checksum change through the helper (it knows CHECKSUM_PARTIAL/COMPLETE:
+ * `pseudo` for address changes, which the partial sum covers, not ports). Size 0: `to`
+ * is a checksum difference (bpf_csum_diff) and `from` is 0. Shared by both families. */
+static __always_inline int tc_l4_csum(struct __sk_buff *skb, __u8 proto, __u32 l4_off, __u32 from,
+				      __u32 to, __u64 size, __u64 pseudo)
+{
+	__u32 csum_off;
+	__u64 zero_flag = 0;
+
+	if (from == to && size)
+		return 0;
+	if (proto == IPPROTO_TCP) {
+		csum_off = l4_off + OFF_(struct tcphdr, check);
+	} else {
+		/* IPv4: 0 = "no checksum" stays 0. IPv6 (where 0 is invalid): a computed 0 is
+		 * still written as 0xffff, never as 0. */
+		csum_off = l4_off + OFF_(struct udphdr, check);
+		zero_flag = BPF_F_MARK_MANGLED_0;
+	}
+	return bpf_l4_csum_replace(skb, csum_off, from, to, pseudo | zero_flag | size);
+}
+
+#endif
