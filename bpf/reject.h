@@ -33,9 +33,10 @@ static __always_inline int reject_save(void *data, void *data_end, struct reject
 	return 0;
 }
 
-static __always_inline __u16 csum_of(const __u16 *words, int n)
+/* The Internet checksum of n 16-bit words, on top of `seed` (a pseudo-header's sum). */
+static __always_inline __u16 csum_of(__u32 seed, const __u16 *words, int n)
 {
-	__u32 sum = 0;
+	__u32 sum = seed;
 
 #pragma unroll
 	for (int i = 0; i < n; i++)
@@ -75,8 +76,8 @@ static __always_inline int reject_build(void *data, void *data_end, const struct
 	ih->un.gateway = 0;
 	__builtin_memcpy((void *)(ih + 1), ri->quote, REJECT_QUOTE);
 
-	ip->check = csum_of((const __u16 *)ip, 10);
-	ih->checksum = csum_of((const __u16 *)ih, (8 + REJECT_QUOTE) / 2);
+	ip->check = csum_of(0, (const __u16 *)ip, 10);
+	ih->checksum = csum_of(0, (const __u16 *)ih, (8 + REJECT_QUOTE) / 2);
 	return 0;
 }
 

@@ -58,18 +58,10 @@ static __always_inline int reject_build6(void *data, void *data_end, const struc
 	*(__u32 *)(ih + 4) = 0;
 	__builtin_memcpy(ih + 8, ri->quote, REJECT_QUOTE6);
 
-	/* The checksum covers a pseudo-header: both addresses, the upper-layer length and
-	 * the next header (RFC 8200 8.1), then the message. */
-	__u32 sum = bpf_htons(8 + REJECT_QUOTE6) + bpf_htons(IPPROTO_ICMPV6_);
-	const __u16 *w = (const __u16 *)&ip6->saddr;
-#pragma unroll
-	for (int i = 0; i < 16; i++)
-		sum += w[i];
-	w = (const __u16 *)ih;
-#pragma unroll
-	for (int i = 0; i < (8 + REJECT_QUOTE6) / 2; i++)
-		sum += w[i];
-	*(__u16 *)(ih + 2) = (__u16)~csum_fold32(sum);
+	/* The checksum covers a pseudo-header (RFC 8200 8.1): the upper-layer length and the
+	 * next header, and both addresses, which lie right before the message. */
+	*(__u16 *)(ih + 2) = csum_of(bpf_htons(8 + REJECT_QUOTE6) + bpf_htons(IPPROTO_ICMPV6_),
+				     (const __u16 *)&ip6->saddr, (32 + 8 + REJECT_QUOTE6) / 2);
 	return 0;
 }
 
