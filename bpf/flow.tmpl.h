@@ -157,14 +157,14 @@ static __always_inline struct KX_(lb_scratch) *KX_(lb_scratch_get)(void)
 
 static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len, struct KX_(lb_scratch) *s)
 {
-#define p (s->p)
+	struct KX_(pkt) *p = &s->p;
 	struct KX_(nat_plan) *n = &s->n;
 	struct KX_(reject_info) *ri = &s->ri;
 	struct KX_(ct_entry) *e;
 	struct svc_value *svp;
 	__u64 now;
 
-	switch (KX_(parse_ip)(data, data_end, len, &p)) {
+	switch (KX_(parse_ip)(data, data_end, len, p)) {
 	case PARSE_OK:
 		break;
 	case PARSE_NOT_IP:
@@ -177,90 +177,88 @@ static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len
 		stat_inc(KXLB_ST_MALFORMED);
 		return LB_PASS;
 	}
-	p.len = len;
-	if (!p.first_frag)
-		return KX_(frag_follow)(&p, n);
+	p->len = len;
+	if (!p->first_frag)
+		return KX_(frag_follow)(p, n);
 
-	if (p.proto == KX_IPPROTO_ICMP) {
+	if (p->proto == KX_IPPROTO_ICMP) {
 		now = ct_now();
-		if (!p.frag && KX_(icmp_error_nat)(data, data_end, &p, now)) {
+		if (!p->frag && KX_(icmp_error_nat)(data, data_end, p, now)) {
 			stat_inc(KXLB_ST_ICMP_NAT);
 			return LB_DONE;
 		}
-		if (KX_(icmp_link_local)(&p)) { /* neighbour discovery and the like: never ours */
+		if (KX_(icmp_link_local)(p)) { /* neighbour discovery and the like: never ours */
 			stat_inc(KXLB_ST_PASS);
 			return LB_PASS;
 		}
-		return KX_(not_a_service)(data, data_end, &p, ri); /* ping to a cluster IP: rejected */
+		return KX_(not_a_service)(data, data_end, p, ri); /* ping to a cluster IP: rejected */
 	}
-	if (p.proto != IPPROTO_TCP && p.proto != IPPROTO_UDP)
-		return KX_(not_a_service)(data, data_end, &p, ri);
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		return KX_(not_a_service)(data, data_end, p, ri);
 
 	/* 1. Client packet of a tracked flow: its backend is already decided. */
-	struct KX_(ct_key) k = {.saddr = p.saddr, .daddr = p.daddr, .sport = p.sport,
-				.dport = p.dport, .proto = p.proto, .dir = KXLB_CT_DIR_FWD};
+	struct KX_(ct_key) k = {.saddr = p->saddr, .daddr = p->daddr, .sport = p->sport,
+				.dport = p->dport, .proto = p->proto, .dir = KXLB_CT_DIR_FWD};
 	e = KX_(ct_map).lookup(&k);
 	now = e ? ct_now() : 0; /* the clock only when an entry is there to judge */
-	if (e && KX_(ct_usable)(e, &p, now))
-		return KX_(ct_translate)(&k, e, &p, now, n);
+	if (e && KX_(ct_usable)(e, p, now))
+		return KX_(ct_translate)(&k, e, p, now, n);
 
 	/* 2. New flow to a service frontend. */
-	struct KX_(svc_key) sk = {.vip = p.daddr, .port = p.dport, .proto = p.proto};
+	struct KX_(svc_key) sk = {.vip = p->daddr, .port = p->dport, .proto = p->proto};
 	svp = KX_(svc_map).lookup(&sk);
 	if (svp) {
 		struct svc_value sv = *svp; /* one snapshot: sizes and gen together */
 		struct KX_(lb_config) *cfg = KX_(lb_config_get)();
-		struct KX_(lb_flow) f = {.client = p.saddr, .origin = KX_(packet_origin)(cfg, &p.saddr),
-					 .hash = flow_hash(KX_FOLD(p.saddr), KX_FOLD(p.daddr),
-							   ((__u32)p.sport << 16) | p.dport,
-							   KXLB_HASH_SEED ^ p.proto)};
+		struct KX_(lb_flow) f = {.client = p->saddr, .origin = KX_(packet_origin)(cfg, &p->saddr),
+					 .hash = flow_hash(KX_FOLD(p->saddr), KX_FOLD(p->daddr),
+							   ((__u32)p->sport << 16) | p->dport,
+							   KXLB_HASH_SEED ^ p->proto)};
 		struct KX_(lb_choice) c = {};
 
 		switch (KX_(lb_decide)(&sk, &sv, &f, cfg, &c)) {
 		case LB_DEC_BACKEND:
 			break;
 		case LB_DEC_REJECT:
-			return KX_(reject_or_drop)(data, data_end, &p, ri);
+			return KX_(reject_or_drop)(data, data_end, p, ri);
 		default:
 			return LB_DROP;
 		}
 		if (!now)
 			now = ct_now();
 		struct KX_(ct_entry) *fe = &s->fe;
-		int err = KX_(ct_create)(&k, &p, &c.be, sv.svc_id, c.snat, f.hash, cfg, now, fe);
+		int err = KX_(ct_create)(&k, p, &c.be, sv.svc_id, c.snat, f.hash, cfg, now, fe);
 		if (err < 0) {
 			stat_inc(err == -2 ? KXLB_ST_SNAT_NO_PORT : KXLB_ST_CT_FULL);
 			return LB_DROP;
 		}
-		KX_(ct_plan)(KXLB_CT_DIR_FWD, fe, &p, n); /* as the entry just written says */
+		KX_(ct_plan)(KXLB_CT_DIR_FWD, fe, p, n); /* as the entry just written says */
 		svc_account(sv.svc_id, KXLB_CT_DIR_FWD, len, 1);
 		stat_inc(KX_ZERO(c.snat) ? KXLB_ST_NEW_FLOW : KXLB_ST_SNAT);
-		KX_(frag_remember)(&p, n);
+		KX_(frag_remember)(p, n);
 		return LB_NAT;
 	}
 
 	/* 3. A translated 4-tuple (canonical REV key): from the backend, a reply to bring
 	 * back to frontend:port; from the other side, the client talking to the backend
 	 * directly, so the entry outlived its flow and must not touch the answers. */
-	KX_(ct_rev_key)(p.saddr, p.sport, p.daddr, p.dport, p.proto, &k);
+	KX_(ct_rev_key)(p->saddr, p->sport, p->daddr, p->dport, p->proto, &k);
 	e = KX_(ct_map).lookup(&k);
 	if (e) {
 		if (!now)
 			now = ct_now();
-		if (KX_(ct_live)(e, p.proto, now)) {
-			if (KX_EQ(e->backend_addr, p.saddr) && e->backend_port == p.sport)
-				return KX_(ct_translate)(&k, e, &p, now, n);
+		if (KX_(ct_live)(e, p->proto, now)) {
+			if (KX_EQ(e->backend_addr, p->saddr) && e->backend_port == p->sport)
+				return KX_(ct_translate)(&k, e, p, now, n);
 			KX_(ct_forget)(&k, e);
 		}
 	}
 
-	return KX_(not_a_service)(data, data_end, &p, ri);
-#undef p
+	return KX_(not_a_service)(data, data_end, p, ri);
 }
 
-/* The hooks of one family are functions of their own (BPF-to-BPF calls), not inlined:
- * each family's journey gets its own 512-byte stack frame, which the two together
- * inlined into one program would exceed. */
+/* The hooks of one family, inlined into kxlb.c's programs: IPv4's into the entry
+ * programs, IPv6's into programs of their own, reached by tail call (kxlb.c). */
 
 /* tc ingress, for a frame of this family (kxlb.c made its headers linear). */
 static __always_inline int KX_(lb_tc)(struct __sk_buff *skb)

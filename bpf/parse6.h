@@ -8,10 +8,6 @@
 #include "maps.h"
 #include "parse.h"
 
-#define ETH_P_IPV6_ 0x86DD
-#ifndef ETH_P_IPV6
-#define ETH_P_IPV6 ETH_P_IPV6_
-#endif
 
 /* Next-header values (uapi/linux/in6.h names, which that header guards awkwardly). */
 #define IPPROTO_HOPOPTS_  0
@@ -84,7 +80,7 @@ static __always_inline int parse_ip6(void *data, void *data_end, __u32 len, stru
 
 	if ((void *)(eth + 1) > data_end)
 		return PARSE_NOT_IP;
-	if (eth->h_proto != bpf_htons(ETH_P_IPV6_))
+	if (eth->h_proto != bpf_htons(ETH_P_IPV6))
 		return PARSE_NOT_IP;
 	ip6 = (void *)(eth + 1);
 	if ((void *)(ip6 + 1) > data_end)

@@ -43,7 +43,7 @@ static __always_inline int reject_build6(void *data, void *data_end, const struc
 		return -1;
 	__builtin_memcpy(eth->h_dest, ri->client_mac, 6);
 	__builtin_memcpy(eth->h_source, ri->node_mac, 6);
-	eth->h_proto = bpf_htons(ETH_P_IPV6_);
+	eth->h_proto = bpf_htons(ETH_P_IPV6);
 
 	*(__be32 *)ip6 = kx_htonl(0x60000000); /* version 6, traffic class 0, no flow label */
 	ip6->payload_len = bpf_htons(8 + REJECT_QUOTE6);
