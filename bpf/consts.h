@@ -113,8 +113,7 @@
 
 /* Slots of the tail-call program arrays (kxlb.c tc_progs, xdp_progs). */
 #define KXLB_PROG_IPV6           0       /* the IPv6 journey (tc ingress, XDP) */
-#define KXLB_PROG_IPV6_EGRESS    1       /* tc egress, IPv6 */
-#define KXLB_PROG_MAX            2
+#define KXLB_PROG_MAX            1
 
 /* Source ports for masqueraded flows, and for flows whose own source port is taken on
  * the backend's side by another flow (two frontends sharing a backend): outside the

@@ -89,16 +89,9 @@ int kxlb_tc_egress(struct __sk_buff *skb)
 
 	if (proto == bpf_htons(ETH_P_IP))
 		return lb_tc_egress(skb);
-	if (proto == bpf_htons(ETH_P_IPV6)) {
-		tc_progs.call(skb, KXLB_PROG_IPV6_EGRESS);
-		stat_inc(KXLB_ST_NO_PROG);
-	}
+	if (proto == bpf_htons(ETH_P_IPV6))
+		return lb_tc_egress6(skb); /* small enough to share the program with IPv4's */
 	return TC_ACT_UNSPEC;
-}
-
-int kxlb_tc_egress6(struct __sk_buff *skb)
-{
-	return lb_tc_egress6(skb);
 }
 
 int kxlb_xdp(struct xdp_md *ctx)

@@ -141,7 +141,6 @@ def compile_datapath(pin_dir: str, extra_cflags: list[str] | None = None) -> Dat
         egress = bpf.load_func(b"kxlb_tc_egress", BPF.SCHED_CLS)
         # The IPv6 journeys, reached by tail call from the programs above (kxlb.c).
         family = {("tc_progs", "PROG_IPV6"): bpf.load_func(b"kxlb_tc6", BPF.SCHED_CLS),
-                  ("tc_progs", "PROG_IPV6_EGRESS"): bpf.load_func(b"kxlb_tc_egress6", BPF.SCHED_CLS),
                   ("xdp_progs", "PROG_IPV6"): bpf.load_func(b"kxlb_xdp6", BPF.XDP)}
     except Exception as exc:
         raise KxlbError(f"the kernel rejected the datapath: {exc}") from exc
