@@ -119,7 +119,10 @@ static __always_inline int KX_(lb_decide)(const struct KX_(svc_key) *sk, const s
 	int err;
 
 	if ((sv->flags & KXLB_SVC_F_SRC_RANGES) && sv->kind == KXLB_KIND_LOAD_BALANCER) {
-		struct KX_(src_range_key) rk = {.prefixlen = 64, .svc_id = sv->svc_id, .addr = f->client};
+		/* The LPM key is svc_id then the address: a full-length lookup (32 + the
+		 * address's bits) finds the longest range of this service holding the client. */
+		struct KX_(src_range_key) rk = {.prefixlen = 32 + 8 * sizeof(kx_addr_t), .svc_id = sv->svc_id,
+						.addr = f->client};
 
 		if (!KX_(src_range_map).lookup(&rk)) {
 			stat_inc(KXLB_ST_SRC_RANGE);
