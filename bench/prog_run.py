@@ -369,7 +369,7 @@ def variants(source: Path, calls: int, rounds: int, bar) -> list[dict]:
     per: dict[tuple[str, str, str], list[float]] = {}
     for r in range(rounds):
         with kxlb_datapath(source) as k:
-            k.table.set_config(DatapathConfig(snat_addr=NODE_IP, cluster_cidr="10.0.0.0/8"))
+            k.table.set_config(DatapathConfig(snat_addrs=(NODE_IP,), cluster_cidrs=("10.0.0.0/8",)))
             k.table.add_many(variant_services())
             for v_i, v in enumerate(VARIANTS):
                 to = {(b.addr, b.port) for b in v.backends}

@@ -12,7 +12,7 @@ import sys
 
 from kxlb.loader import conntrack, datapath
 from kxlb.loader.errors import KxlbError
-from kxlb.loader.layout import PROTO_NAMES, Backend, ServiceKey, parse_addr_port, parse_ipv4
+from kxlb.loader.layout import PROTO_NAMES, Backend, ServiceKey, format_addr_port, parse_addr_port, parse_ip
 from kxlb.loader.maps import DEFAULT_PIN_DIR, Maps
 from kxlb.loader.services import ServiceTable
 from kxlb.loader.svcspec import Frontend, Kind, LbService
@@ -52,9 +52,9 @@ def _spec_from_args(a, key: ServiceKey) -> LbService:
     local = tuple(Backend.parse(b) for b in a.local)
     fes = [Frontend(ServiceKey(*parse_addr_port(t, f"--node-port {t!r}", "ADDR:PORT"), key.proto), Kind.NODE_PORT)
            for t in a.node_port]
-    fes += [Frontend(ServiceKey(parse_ipv4(ip, "--external-ip"), key.port, key.proto), Kind.EXTERNAL_IP)
+    fes += [Frontend(ServiceKey(parse_ip(ip, "--external-ip"), key.port, key.proto), Kind.EXTERNAL_IP)
             for ip in a.external_ip]
-    fes += [Frontend(ServiceKey(parse_ipv4(ip, "--load-balancer-ip"), key.port, key.proto), Kind.LOAD_BALANCER)
+    fes += [Frontend(ServiceKey(parse_ip(ip, "--load-balancer-ip"), key.port, key.proto), Kind.LOAD_BALANCER)
             for ip in a.load_balancer_ip]
     return LbService(key=key, cluster=cluster, local=local, frontends=tuple(fes),
                      internal_local=a.internal_local, external_local=a.external_local,
@@ -112,14 +112,16 @@ def cmd_list(a) -> None:
                       "backends": [str(b) for b in s.backends],
                       "local_backends": [str(b) for b in s.spec.local]} for s in services])
         return
-    print("Prot Frontend                 Kind          Id      Backends (local)  Options")
+    # IPv6 frontends widen the column (a cluster IP of fd00::/108 with a port is ~20 wide).
+    w = max([24] + [len(format_addr_port(fe.key.vip, fe.key.port)) + 1 for s in services for fe in s.spec.all_frontends])
+    print(f"Prot {'Frontend':{w}} Kind          Id      Backends (local)  Options")
     for s in services:
         proto = PROTO_NAMES[s.key.proto].upper()
         opts = " ".join(_options(s.spec))
-        print(f"{proto:4} {s.key.vip + ':' + str(s.key.port):24} {'ClusterIP':13} {s.svc_id:<7} "
+        print(f"{proto:4} {format_addr_port(s.key.vip, s.key.port):{w}} {'ClusterIP':13} {s.svc_id:<7} "
               f"{len(s.backends)} ({len(s.spec.local)}){'':10} {opts}".rstrip())
         for fe in s.spec.frontends:
-            print(f"{'':4} {fe.key.vip + ':' + str(fe.key.port):24} {fe.kind.label}")
+            print(f"{'':4} {format_addr_port(fe.key.vip, fe.key.port):{w}} {fe.kind.label}")
         for b in s.backends:
             print(f"  -> {b}")
         for b in s.spec.local:
@@ -152,10 +154,11 @@ def cmd_conntrack(a) -> None:
     if a.json:
         _print_json(rows)
         return
-    print(f"{'proto':5} {'client':21} {'frontend':21} {'backend':21} {'expires':>8}  state")
+    w = max([21] + [len(r[c]) for r in rows for c in ("client", "frontend", "backend")])
+    print(f"{'proto':5} {'client':{w}} {'frontend':{w}} {'backend':{w}} {'expires':>8}  state")
     for r in rows:
         via = f" via {r['source']}" if r["source"] != r["client"] else ""
-        print(f"{r['protocol']:5} {r['client']:21} {r['frontend']:21} {r['backend']:21} "
+        print(f"{r['protocol']:5} {r['client']:{w}} {r['frontend']:{w}} {r['backend']:{w}} "
               f"{r['expires_in_s']:>7}s  {','.join(r['state']) or '-'}{via}")
 
 
@@ -172,9 +175,10 @@ def cmd_stats(a) -> None:
     if a.json:
         _print_json({"services": per_svc, "datapath": dp})
         return
-    print(f"{'service':26} {'conns':>8} {'pkts in':>10} {'bytes in':>12} {'pkts out':>10} {'bytes out':>12}")
+    w = max([26] + [len(r["service"]) + 1 for r in per_svc])
+    print(f"{'service':{w}} {'conns':>8} {'pkts in':>10} {'bytes in':>12} {'pkts out':>10} {'bytes out':>12}")
     for r in per_svc:
-        print(f"{r['service']:26} {r['new_flows']:>8} {r['fwd_packets']:>10} {r['fwd_bytes']:>12} "
+        print(f"{r['service']:{w}} {r['new_flows']:>8} {r['fwd_packets']:>10} {r['fwd_bytes']:>12} "
               f"{r['rev_packets']:>10} {r['rev_bytes']:>12}")
     print("\ndatapath counters:")
     for name, v in dp.items():
@@ -215,11 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("service", help="add, delete or change a service")
     ssub = sv.add_subparsers(dest="action", required=True, metavar="ACTION")
-    for name, helptext in (("add", "add a service VIP:PORT/tcp|udp with its backends"),
+    for name, helptext in (("add", "add a service VIP:PORT/tcp|udp (IPv6: [VIP]:PORT/tcp|udp) with its backends "
+                                   "(of the VIP's family)"),
                            ("set-backends", "replace a service's backends (atomically for packets)")):
         s = ssub.add_parser(name, help=helptext)
         s.add_argument("service", metavar="VIP:PORT/PROTO")
-        s.add_argument("backends", nargs="*", metavar="BACKEND:PORT")
+        s.add_argument("backends", nargs="*", metavar="BACKEND:PORT", help="IPv6: [ADDR]:PORT")
         s.set_defaults(func=cmd_service)
         if name != "add":
             continue

@@ -4,7 +4,8 @@ deletes stale UDP flows with it, tests read flows with it.
 
 A flow has two entries with the same value: FWD keyed client -> frontend, REV keyed by
 the translated 4-tuple backend <-> source in canonical order. Either entry rebuilds the
-other's key; deleting a flow deletes both.
+other's key; deleting a flow deletes both. IPv6 flows live in ct_map6 with the same
+scheme (struct ct_key6/ct_entry6); every function here takes either family's structs.
 """
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple
 
-from .layout import C, PROTO_NAMES, CtEntry, CtKey, raw_to_ip, raw_to_port
-from .maps import Maps
+from .layout import (C, FAMILIES, PROTO_NAMES, V4, V6, CtEntry6, CtKey, CtKey6, Family, In6,
+                     format_addr_port, raw_to_port)
+from .maps import BpfMap, Maps
 
 CLOCK = 6  # CLOCK_MONOTONIC_COARSE (Linux): the datapath's bpf_ktime_get_coarse_ns()
 NSEC = 1_000_000_000
@@ -47,23 +49,42 @@ def lifetime_ns(proto: int, flags: int) -> int:
     return s * NSEC
 
 
-def rev_key(a_addr: int, a_port: int, b_addr: int, b_port: int, proto: int) -> CtKey:
-    """The canonical REV key of the 4-tuple a <-> b (raw values): ct.h ct_rev_key()."""
-    if (a_addr, a_port) > (b_addr, b_port):
+def _order(addr: int | In6):
+    """An address field in ct.tmpl.h's KX_LT order: IPv4's one raw word, IPv6's four raw
+    words one after the other (addr6.h kx6_lt)."""
+    return addr if isinstance(addr, int) else tuple(addr.w)
+
+
+def _family(obj) -> Family:
+    return V6 if isinstance(obj, (CtKey6, CtEntry6, In6)) else V4
+
+
+def _key_type(fam: Family) -> type:
+    return CtKey6 if fam is V6 else CtKey
+
+
+def rev_key(a_addr, a_port: int, b_addr, b_port: int, proto: int):
+    """The canonical REV key of the 4-tuple a <-> b (raw values: u32 or struct kx_in6
+    addresses, network-order ports): ct.tmpl.h ct_rev_key()."""
+    if (_order(a_addr), a_port) > (_order(b_addr), b_port):
         a_addr, a_port, b_addr, b_port = b_addr, b_port, a_addr, a_port
-    return CtKey(saddr=a_addr, sport=a_port, daddr=b_addr, dport=b_port, proto=proto, dir=REV)
+    return _key_type(_family(a_addr))(saddr=a_addr, sport=a_port, daddr=b_addr, dport=b_port, proto=proto, dir=REV)
 
 
-def fwd_key_of(e: CtEntry, proto: int) -> CtKey:
-    return CtKey(saddr=e.client_addr, sport=e.client_port, daddr=e.front_addr, dport=e.front_port,
-                 proto=proto, dir=FWD)
+def fwd_key_of(e, proto: int):
+    return _key_type(_family(e))(saddr=e.client_addr, sport=e.client_port, daddr=e.front_addr,
+                                 dport=e.front_port, proto=proto, dir=FWD)
 
 
-def rev_key_of(e: CtEntry, proto: int) -> CtKey:
+def rev_key_of(e, proto: int):
     return rev_key(e.backend_addr, e.backend_port, e.src_addr, e.src_port, proto)
 
 
-def peer_key(k: CtKey, e: CtEntry) -> CtKey:
+def conntrack_map(maps: Maps, fam: Family) -> BpfMap:
+    return fam.map(maps, "conntrack")
+
+
+def peer_key(k, e):
     """The key of the flow's other entry."""
     return rev_key_of(e, k.proto) if k.dir == FWD else fwd_key_of(e, k.proto)
 
@@ -73,11 +94,11 @@ class Endpoint(NamedTuple):
     port: int
 
     def __str__(self) -> str:
-        return f"{self.addr}:{self.port}"
+        return format_addr_port(self.addr, self.port)
 
 
-def _ep(addr: int, port: int) -> Endpoint:
-    return Endpoint(raw_to_ip(addr), raw_to_port(port))
+def _ep(addr, port: int) -> Endpoint:
+    return Endpoint(_family(addr).c_addr(addr), raw_to_port(port))
 
 
 @dataclass(frozen=True)
@@ -93,12 +114,12 @@ class Flow:
     svc_id: int
     created_s: int
     last_ns: int
-    fwd_key: CtKey
-    rev_key: CtKey
+    fwd_key: CtKey | CtKey6
+    rev_key: CtKey | CtKey6
     entries: int         # 2, or 1 when the other one is gone (evicted; the datapath restores it)
 
     @classmethod
-    def of(cls, k: CtKey, e: CtEntry, entries: int = 2) -> "Flow":
+    def of(cls, k, e, entries: int = 2) -> "Flow":
         return cls(proto=k.proto, client=_ep(e.client_addr, e.client_port), front=_ep(e.front_addr, e.front_port),
                    backend=_ep(e.backend_addr, e.backend_port), source=_ep(e.src_addr, e.src_port),
                    flags=e.flags, svc_id=e.svc_id, created_s=e.created_s, last_ns=e.last_ns,
@@ -119,37 +140,40 @@ class Flow:
     def protocol(self) -> str:
         return PROTO_NAMES.get(self.proto, str(self.proto))
 
+    @property
+    def family(self) -> Family:
+        return _family(self.fwd_key)
 
-def _raw(k: CtKey) -> tuple:
-    return (k.saddr, k.daddr, k.sport, k.dport, k.proto, k.dir)
 
-
-def flows(maps: Maps) -> Iterator[Flow]:
-    """Every tracked flow once (live or not), from a snapshot of ct_map. Both entries of
-    a flow carry the same value; the newest refresh wins."""
-    seen: dict[tuple, tuple[CtKey, CtEntry]] = {}
-    keys = set()
-    for k, e in maps.conntrack.items():
-        keys.add(_raw(k))
-        fk = _raw(fwd_key_of(e, k.proto))
-        if fk not in seen or seen[fk][1].last_ns < e.last_ns:
-            seen[fk] = (k, e)
-    for fk, (k, e) in seen.items():
-        both = fk in keys and _raw(rev_key_of(e, k.proto)) in keys
-        yield Flow.of(k, e, 2 if both else 1)
+def flows(maps: Maps, families: tuple[Family, ...] = FAMILIES) -> Iterator[Flow]:
+    """Every tracked flow once (live or not), from a snapshot of ct_map (and ct_map6).
+    Both entries of a flow carry the same value; the newest refresh wins."""
+    for fam in families:
+        seen: dict[bytes, tuple] = {}
+        keys = set()
+        for k, e in conntrack_map(maps, fam).items():
+            keys.add(bytes(k))
+            fk = bytes(fwd_key_of(e, k.proto))
+            if fk not in seen or seen[fk][1].last_ns < e.last_ns:
+                seen[fk] = (k, e)
+        for fk, (k, e) in seen.items():
+            both = fk in keys and bytes(rev_key_of(e, k.proto)) in keys
+            yield Flow.of(k, e, 2 if both else 1)
 
 
 def delete_flow(maps: Maps, flow: Flow) -> int:
     """Delete both entries of a flow; returns how many were there."""
-    return maps.conntrack.delete(flow.fwd_key) + maps.conntrack.delete(flow.rev_key)
+    ct = conntrack_map(maps, flow.family)
+    return ct.delete(flow.fwd_key) + ct.delete(flow.rev_key)
 
 
-def get_flow(maps: Maps, k: CtKey) -> Flow | None:
-    """The flow an entry key belongs to (either direction), or None."""
-    e = maps.conntrack.get(k)
+def get_flow(maps: Maps, k) -> Flow | None:
+    """The flow an entry key (either family, either direction) belongs to, or None."""
+    ct = conntrack_map(maps, _family(k))
+    e = ct.get(k)
     if e is None:
         return None
-    return Flow.of(k, e, 1 + (maps.conntrack.get(peer_key(k, e)) is not None))
+    return Flow.of(k, e, 1 + (ct.get(peer_key(k, e)) is not None))
 
 
 __all__ = ["Flow", "Endpoint", "flows", "delete_flow", "get_flow", "rev_key", "fwd_key_of", "rev_key_of",

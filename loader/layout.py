@@ -11,6 +11,7 @@ import ctypes
 import ipaddress
 import re
 import socket
+import struct
 import sys
 from typing import NamedTuple
 from pathlib import Path
@@ -212,7 +213,125 @@ def raw_to_port(raw: int) -> int:
 
 
 
+# --- address families -------------------------------------------------------------------
+
+class Family:
+    """What differs between the IPv4 and IPv6 halves of the datapath (maps.h: every map
+    with an address in its key or value exists per family, the IPv6 one named with a 6;
+    the service ids, Maglev tables and counters are shared). Everything that packs,
+    unpacks or picks a map asks the family of the address at hand instead of assuming
+    IPv4. Two instances, V4 and V6."""
+
+    def __init__(self, version: int, af: int, addr_len: int, suffix: str, addr_t, svc_key_t, backend_t,
+                 src_range_key_t, affinity_key_t, affinity_value_t, config_t, network: type, address: type):
+        self.version, self.af, self.addr_len, self.suffix = version, af, addr_len, suffix
+        self.addr_t = addr_t          # the ctypes type of an address field (u32 or struct kx_in6)
+        self.SvcKey, self.BackendValue, self.SrcRangeKey = svc_key_t, backend_t, src_range_key_t
+        self.AffinityKey, self.AffinityValue, self.LbConfig = affinity_key_t, affinity_value_t, config_t
+        self.network, self.address = network, address
+        self.max_prefix = addr_len * 8
+        a = f"{addr_len}s"
+        # Bulk packing of the structs writers make by the thousand (checked against the
+        # ctypes mirrors by tests/test_layout.py): struct svc_key(6), struct backend(6),
+        # and backend(6) read with the port as a number (network order).
+        self.svc_key = struct.Struct(f"={a}2sBB")
+        self.backend = struct.Struct(f"={a}2sH")
+        self.backend_read = struct.Struct(f"!{a}Hxx")
+        # A backend's Maglev identity (maglev.identity): address and port in network
+        # order, the first bytes of its packed struct backend(6).
+        self.ident_len = addr_len + 2
+
+    def __repr__(self) -> str:
+        return f"IPv{self.version}"
+
+    @property
+    def name(self) -> str:
+        return f"IPv{self.version}"
+
+    def pton(self, ip: str) -> bytes:
+        return socket.inet_pton(self.af, ip)
+
+    def ntop(self, raw: bytes) -> str:
+        return socket.inet_ntop(self.af, raw)
+
+    def addr_c(self, ip: str):
+        """Text -> the value of a ctypes address field of this family."""
+        raw = self.pton(ip)
+        return int.from_bytes(raw, _ORDER) if self.addr_len == 4 else In6.from_buffer_copy(raw)
+
+    def c_addr(self, field) -> str:
+        """A ctypes address field's value -> text."""
+        return self.ntop(field.to_bytes(4, _ORDER) if isinstance(field, int) else bytes(field))
+
+    def map(self, maps, name: str):
+        """This family's map of a per-family name ("services" -> maps.services6)."""
+        return getattr(maps, name + self.suffix)
+
+    def parse(self, text: str, what: str) -> str:
+        """``text`` as this family's canonical address, else a KxlbError naming ``what``."""
+        try:
+            return canonical_ip(str(self.address(text)))
+        except ValueError:
+            raise KxlbError(f"{what}: {text!r} is not an {self.name} address") from None
+
+    def parse_net(self, text: str, what: str):
+        try:
+            return self.network(text, strict=False)
+        except ValueError:
+            raise KxlbError(f"{what} {text!r} is not an {self.name} network") from None
+
+
+V4 = Family(4, socket.AF_INET, 4, "", u32, SvcKey, BackendValue, SrcRangeKey, AffinityKey, AffinityValue, LbConfig,
+            ipaddress.IPv4Network, ipaddress.IPv4Address)
+V6 = Family(6, socket.AF_INET6, 16, "6", In6, SvcKey6, BackendValue6, SrcRangeKey6, AffinityKey6, AffinityValue6,
+            LbConfig6, ipaddress.IPv6Network, ipaddress.IPv6Address)
+FAMILIES = (V4, V6)
+
+
+def family_of(ip: str) -> Family:
+    """The family of an address (or CIDR) in canonical text form."""
+    return V6 if ":" in ip else V4
+
+
+def family_named(version: int) -> Family:
+    return V6 if version == 6 else V4
+
+
 # --- boundary types -------------------------------------------------------------------
+
+def parse_ip(text: str, what: str) -> str:
+    """An IPv4 or IPv6 address in canonical text form (IPv6 compressed, lower case);
+    IPv4-mapped IPv6 addresses are refused: a service or backend has one family."""
+    try:
+        addr = ipaddress.ip_address(text)
+    except ValueError:
+        raise KxlbError(f"{what}: {text!r} is not an IP address") from None
+    if addr.version == 6 and addr.ipv4_mapped is not None:
+        raise KxlbError(f"{what}: {text!r} is an IPv4-mapped IPv6 address; give the IPv4 address")
+    return canonical_ip(str(addr))
+
+
+def canonical_ip(text: str) -> str:
+    """The one text form of a valid address: inet_ntop's, which is what reading a map
+    gives back (it differs from ipaddress's for IPv6 with an embedded IPv4 address), so
+    what a writer wants and what the maps hold compare with ==."""
+    if ":" not in text:
+        return text
+    return socket.inet_ntop(socket.AF_INET6, socket.inet_pton(socket.AF_INET6, text))
+
+
+def parse_net(text: str, what: str):
+    """An IPv4 or IPv6 CIDR (host bits allowed, as kube-proxy's flags allow them)."""
+    try:
+        return ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        raise KxlbError(f"{what} {text!r} is not an IPv4 or IPv6 CIDR") from None
+
+
+def format_addr_port(addr: str, port: int) -> str:
+    """ADDR:PORT, with an IPv6 address in brackets (RFC 3986)."""
+    return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
+
 
 def parse_ipv4(text: str, what: str) -> str:
     try:
@@ -240,11 +359,19 @@ def parse_proto(text: str, what: str) -> int:
 
 
 def parse_addr_port(text: str, what: str, form: str) -> tuple[str, int]:
-    """'ADDR:PORT' -> (dotted quad, port); errors name ``what`` and the expected form."""
+    """'ADDR:PORT' or '[IPV6]:PORT' -> (canonical address, port); errors name ``what``
+    and the expected form."""
     addr, colon, port = text.rpartition(":")
     if not colon:
         raise KxlbError(f"{what}: expected {form}")
-    return parse_ipv4(addr, what), parse_port(port, what)
+    if addr.startswith("[") and addr.endswith("]"):
+        addr = parse_ip(addr[1:-1], what)
+        if ":" not in addr:
+            raise KxlbError(f"{what}: brackets are for IPv6 addresses")
+        return addr, parse_port(port, what)
+    if ":" in addr:
+        raise KxlbError(f"{what}: an IPv6 address needs brackets: [ADDR]:PORT")
+    return parse_ip(addr, what), parse_port(port, what)
 
 
 class ServiceKey(NamedTuple):
@@ -257,22 +384,29 @@ class ServiceKey(NamedTuple):
 
     @classmethod
     def parse(cls, text: str) -> "ServiceKey":
-        """'VIP:PORT/PROTO' as on the command line."""
-        what, form = f"service {text!r}", "VIP:PORT/tcp|udp"
+        """'VIP:PORT/PROTO' (an IPv6 VIP in brackets) as on the command line."""
+        what, form = f"service {text!r}", "VIP:PORT/tcp|udp or [VIP6]:PORT/tcp|udp"
         addr, slash, proto = text.rpartition("/")
         if not slash:
             raise KxlbError(f"{what}: expected {form}")
         return cls(*parse_addr_port(addr, what, form), parse_proto(proto, what))
 
-    def to_c(self) -> SvcKey:
-        return SvcKey(vip=ip_to_raw(self.vip), port=port_to_raw(self.port), proto=self.proto)
+    @property
+    def family(self) -> Family:
+        return family_of(self.vip)
+
+    def to_c(self):
+        """struct svc_key, or svc_key6 for an IPv6 VIP."""
+        fam = family_of(self.vip)
+        return fam.SvcKey(vip=fam.addr_c(self.vip), port=port_to_raw(self.port), proto=self.proto)
 
     @classmethod
-    def from_c(cls, k: SvcKey) -> "ServiceKey":
-        return cls(raw_to_ip(k.vip), raw_to_port(k.port), k.proto)
+    def from_c(cls, k) -> "ServiceKey":
+        fam = V6 if isinstance(k, SvcKey6) else V4
+        return cls(fam.c_addr(k.vip), raw_to_port(k.port), k.proto)
 
     def __str__(self) -> str:
-        return f"{self.vip}:{self.port}/{PROTO_NAMES.get(self.proto, self.proto)}"
+        return f"{format_addr_port(self.vip, self.port)}/{PROTO_NAMES.get(self.proto, self.proto)}"
 
 
 class Backend(NamedTuple):
@@ -285,12 +419,19 @@ class Backend(NamedTuple):
     def parse(cls, text: str) -> "Backend":
         return cls(*parse_addr_port(text, f"backend {text!r}", "ADDR:PORT"))
 
-    def to_c(self) -> BackendValue:
-        return BackendValue(addr=ip_to_raw(self.addr), port=port_to_raw(self.port))
+    @property
+    def family(self) -> Family:
+        return family_of(self.addr)
+
+    def to_c(self):
+        """struct backend, or backend6 for an IPv6 address."""
+        fam = family_of(self.addr)
+        return fam.BackendValue(addr=fam.addr_c(self.addr), port=port_to_raw(self.port))
 
     @classmethod
-    def from_c(cls, v: BackendValue) -> "Backend":
-        return cls(raw_to_ip(v.addr), raw_to_port(v.port))
+    def from_c(cls, v) -> "Backend":
+        fam = V6 if isinstance(v, BackendValue6) else V4
+        return cls(fam.c_addr(v.addr), raw_to_port(v.port))
 
     def __str__(self) -> str:
-        return f"{self.addr}:{self.port}"
+        return format_addr_port(self.addr, self.port)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import ipaddress
-import socket
 import struct
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -17,8 +15,8 @@ from typing import Iterable
 
 from . import bpfsys, maglev
 from .errors import FrontendConflict, KxlbError, MapWriteError
-from .layout import (C, DP_COUNTERS, Backend, BackendKey, LbConfig, MaglevKey, ServiceKey, SrcRangeKey, SvcCounters,
-                     SvcKey, SvcValue, ip_to_raw, parse_ipv4, raw_to_ip, raw_to_port)
+from .layout import (C, DP_COUNTERS, FAMILIES, V4, Backend, BackendKey, Family, MaglevKey, ServiceKey,
+                     SvcCounters, SvcValue, family_of, parse_net, raw_to_port)
 from .maps import Maps
 from .svcspec import Frontend, Kind, LbService
 
@@ -29,12 +27,10 @@ MARKER = C["KIND_MARKER"]
 SETS = (C["SET_CLUSTER"], C["SET_LOCAL"])
 
 # struct layouts of maps.h for bulk packing (network-order fields as raw bytes / "!H");
-# tests/test_layout.py checks them against the ctypes mirrors.
-_BACKEND_KEY = struct.Struct("=IHBB")     # struct backend_key
-_BACKEND = struct.Struct("=4s2sH")       # struct backend
-_BACKEND_READ = struct.Struct("!4sHxx")   # the same, the port read as a number (network order)
-_SVC_KEY = struct.Struct("=4s2sBB")       # struct svc_key
-_SVC_VALUE = struct.Struct("=IHHBBHIHH")  # struct svc_value
+# tests/test_layout.py checks them against the ctypes mirrors. The per-family ones
+# (svc_key, backend) are Family's.
+_BACKEND_KEY = struct.Struct("=IHBB")     # struct backend_key (both families)
+_SVC_VALUE = struct.Struct("=IHHBBHIHH")  # struct svc_value (both families)
 
 
 @dataclass(frozen=True)
@@ -64,9 +60,6 @@ def validate_backends(key: ServiceKey, backends: Iterable[Backend]) -> tuple[Bac
 _KEY_TAILS = {(g, st): [struct.pack("=HBB", i, g, st) for i in range(max(MAX_PER_SVC, maglev.n_chunks(maglev.MAX_TABLE)))]
               for g in (0, 1) for st in SETS}
 _PORT_PAD: dict[int, bytes] = {}
-# A backend's Maglev identity (maglev.identity: address and port in network order) is the
-# first 6 bytes of its packed struct backend; tests/test_layout.py checks the two agree.
-_IDENT_LEN = 6
 
 
 def _keys(sid: bytes, gen: int, set_: int, n: int) -> bytes:
@@ -77,7 +70,8 @@ def _pack_slots(svc_id: int, gen: int, spec: LbService, tables: tuple[int, int])
     """Both sets' backend_map slots and maglev_map chunks, packed as maps.h lays them out:
     (slot keys, slot values, chunk keys, chunk values, chunk count)."""
     sid = struct.pack("=I", svc_id)
-    aton, pads = socket.inet_aton, _PORT_PAD
+    fam = spec.key.family
+    aton, pads = fam.pton, _PORT_PAD
     slot_keys, slot_vals, table_keys, table_vals = [], [], [], []
     n_chunks = 0
     for set_, backends, m in zip(SETS, (spec.cluster, spec.local), tables):
@@ -90,7 +84,7 @@ def _pack_slots(svc_id: int, gen: int, spec: LbService, tables: tuple[int, int])
         if m:
             nc = maglev.n_chunks(m)
             table_keys.append(_keys(sid, gen, set_, nc))
-            table_vals.append(maglev.packed_chunks(vals, _BACKEND.size, _IDENT_LEN, m))
+            table_vals.append(maglev.packed_chunks(vals, fam.backend.size, fam.ident_len, m))
             n_chunks += nc
     return b"".join(slot_keys), b"".join(slot_vals), b"".join(table_keys), b"".join(table_vals), n_chunks
 
@@ -101,24 +95,27 @@ def _svc_value(spec: LbService, kind: Kind, svc_id: int, gen: int, tables: tuple
 
 
 def _svc_key(key: ServiceKey) -> bytes:
-    return _SVC_KEY.pack(socket.inet_aton(key.vip), key.port.to_bytes(2, "big"), key.proto, 0)
+    fam = family_of(key.vip)
+    return fam.svc_key.pack(fam.pton(key.vip), key.port.to_bytes(2, "big"), key.proto, 0)
 
 
-def _marker_key(vip: str) -> SvcKey:
-    return SvcKey(vip=ip_to_raw(vip))
+def _marker_key(vip: str):
+    fam = family_of(vip)
+    return fam.SvcKey(vip=fam.addr_c(vip))
 
 
-def _range_key(svc_id: int, cidr: str) -> SrcRangeKey:
-    net = ipaddress.IPv4Network(cidr, strict=False)
-    return SrcRangeKey(prefixlen=32 + net.prefixlen, svc_id=svc_id, addr=ip_to_raw(str(net.network_address)))
+def _range_key(fam: Family, svc_id: int, cidr: str):
+    net = fam.parse_net(cidr, "source range")
+    return fam.SrcRangeKey(prefixlen=32 + net.prefixlen, svc_id=svc_id, addr=fam.addr_c(str(net.network_address)))
 
 
-@dataclass(frozen=True)
+@dataclass
 class _MapUsage:
-    """Entries in the maps a table write can fill (their capacity is checked before one)."""
-    slots: int    # backends
-    chunks: int   # Maglev table chunks
-    entries: int  # services: frontends and markers
+    """Entries in one family's maps a table write can fill (their capacity is checked
+    before one). The Maglev table map and the service ids are shared by the families."""
+    slots: int = 0    # backends
+    entries: int = 0  # services: frontends and markers
+    ranges: int = 0   # loadBalancerSourceRanges
 
 
 class ServiceTable:
@@ -135,15 +132,18 @@ class ServiceTable:
         self._states: dict[ServiceKey, ServiceState] | None = None
         self._owner: dict[ServiceKey, ServiceKey] = {}     # frontend -> primary key
         self._ids: set[int] = set()
-        self._slots_used = 0
-        self._entries = 0
-        self._ranges_used = 0
+        self._used = {fam: _MapUsage() for fam in FAMILIES}
         self._vip_users: Counter[str] = Counter()   # cluster IP -> service ports on it (markers)
 
     @property
     def slots_used(self) -> int:
-        """Backend slots in the maps (every generation being written included)."""
-        return self._slots_used if self._states is not None else 0
+        """Backend slots in the maps of both families (every generation being written
+        included)."""
+        return sum(map(self.slots_used_by, FAMILIES))
+
+    def slots_used_by(self, fam: Family) -> int:
+        """Backend slots in one family's map."""
+        return self._used[fam].slots if self._states is not None else 0
 
     def forget(self) -> None:
         """Re-read the maps on next use."""
@@ -165,11 +165,11 @@ class ServiceTable:
 
     def reload(self) -> dict[ServiceKey, ServiceState]:
         """Read the maps and take what they hold as the record; returns what was read."""
-        actual, usage = self._scan()
-        self._adopt(actual, usage)
+        actual, usage, chunks = self._scan()
+        self._adopt(actual, usage, chunks)
         return actual
 
-    def _adopt(self, actual: dict[ServiceKey, ServiceState], usage: _MapUsage) -> None:
+    def _adopt(self, actual: dict[ServiceKey, ServiceState], usage: dict[Family, _MapUsage], chunks: int) -> None:
         self._states = {}
         self._owner.clear()
         self._vip_users.clear()
@@ -178,16 +178,19 @@ class ServiceTable:
         self._ids = {st.svc_id for st in actual.values()}
         # Everything in the maps counts against their capacity, also entries no state
         # owns (a generation half written by a writer that died, a marker left over).
-        self._slots_used, self._chunks_used, self._entries = usage.slots, usage.chunks, usage.entries
-        self._ranges_used = sum(len(st.spec.source_ranges) for st in actual.values())
+        self._used, self._chunks_used = usage, chunks
+        for fam in FAMILIES:
+            usage[fam].ranges = sum(len(st.spec.source_ranges) for st in actual.values() if st.key.family is fam)
 
     def sync_markers(self) -> None:
         """Rewrite every cluster IP's marker entry (after edits behind our back)."""
         self.states  # load the record
         live = set(self._vip_users)
-        for k, v in self.maps.services.items():
-            if v.kind == MARKER and raw_to_ip(k.vip) not in live:
-                self._entries -= self.maps.services.delete(k)
+        for fam in FAMILIES:
+            services = fam.map(self.maps, "services")
+            for k, v in services.items():
+                if v.kind == MARKER and fam.c_addr(k.vip) not in live:
+                    self._used[fam].entries -= services.delete(k)
         for vip in live:
             self._sync_marker(vip)
 
@@ -213,27 +216,34 @@ class ServiceTable:
         """Every service port in the maps, rebuilt from the maps alone."""
         return self._scan()[0]
 
-    def _scan(self) -> tuple[dict[ServiceKey, ServiceState], _MapUsage]:
-        """One pass over the maps: the service ports they hold, and how full they are."""
-        slots: dict[tuple[int, int, int], dict[int, Backend]] = {}
-        n_slots = 0
-        # Unpacked with struct, not a ctypes object per entry: 20k services hold ~200k slots.
-        keys, vals, n_slots = self.maps.backends.items_raw()
-        ntoa = socket.inet_ntoa
-        for (svc_id, slot, gen, set_), (addr, port) in zip(_BACKEND_KEY.iter_unpack(keys),
-                                                           _BACKEND_READ.iter_unpack(vals)):
-            slots.setdefault((svc_id, gen, set_), {})[slot] = Backend(ntoa(addr), port)
+    def _scan(self) -> tuple[dict[ServiceKey, ServiceState], dict[Family, _MapUsage], int]:
+        """One pass over the maps: the service ports they hold, how full each family's
+        maps are, and the Maglev chunks in use."""
         chunks: Counter[tuple[int, int, int]] = Counter((k.svc_id, k.gen, k.set) for k in self.maps.maglev.keys())
+        usage: dict[Family, _MapUsage] = {}
+        out: dict[ServiceKey, ServiceState] = {}
+        for fam in FAMILIES:
+            usage[fam] = self._scan_family(fam, chunks, out)
+        return out, usage, sum(chunks.values())
+
+    def _scan_family(self, fam: Family, chunks: Counter[tuple[int, int, int]],
+                     out: dict[ServiceKey, ServiceState]) -> _MapUsage:
+        slots: dict[tuple[int, int, int], dict[int, Backend]] = {}
+        # Unpacked with struct, not a ctypes object per entry: 20k services hold ~200k slots.
+        keys, vals, n_slots = fam.map(self.maps, "backends").items_raw()
+        ntop = fam.ntop
+        for (svc_id, slot, gen, set_), (addr, port) in zip(_BACKEND_KEY.iter_unpack(keys),
+                                                           fam.backend_read.iter_unpack(vals)):
+            slots.setdefault((svc_id, gen, set_), {})[slot] = Backend(ntop(addr), port)
         ranges: dict[int, list[str]] = {}
-        for k in self.maps.src_ranges.keys():
-            ranges.setdefault(k.svc_id, []).append(f"{raw_to_ip(k.addr)}/{k.prefixlen - 32}")
+        for k in fam.map(self.maps, "src_ranges").keys():
+            ranges.setdefault(k.svc_id, []).append(f"{fam.c_addr(k.addr)}/{k.prefixlen - 32}")
         by_id: dict[int, list[tuple[ServiceKey, SvcValue]]] = {}
         n_entries = 0
-        for k, v in self.maps.services.items():
+        for k, v in fam.map(self.maps, "services").items():
             n_entries += 1  # frontends and markers
             if v.kind != MARKER:
                 by_id.setdefault(v.svc_id, []).append((ServiceKey.from_c(k), v))
-        out = {}
         for svc_id, entries in by_id.items():
             entries.sort(key=lambda e: (e[1].kind != Kind.CLUSTER_IP, e[0]))
             key, v = entries[0]
@@ -254,7 +264,7 @@ class ServiceTable:
                 source_ranges=tuple(ranges.get(svc_id, ())),
             ).canonical()
             out[key] = ServiceState(key, svc_id, v.gen, spec, (v.table_size, v.local_table_size))
-        return out, _MapUsage(n_slots, sum(chunks.values()), n_entries)
+        return _MapUsage(slots=n_slots, entries=n_entries)
 
     def get(self, key: ServiceKey) -> ServiceState | None:
         """As this table last read or wrote it (see read_backends for a fresh look)."""
@@ -263,30 +273,34 @@ class ServiceTable:
     def read_backends(self, key: ServiceKey) -> tuple[Backend, ...] | None:
         """The cluster-wide set of a service port straight from the maps (for a reader
         polling another process's writes); None if there is no such service port."""
-        v = self.maps.services.get(key.to_c())
+        fam = key.family
+        v = fam.map(self.maps, "services").get(key.to_c())
         if v is None or v.kind != Kind.CLUSTER_IP:
             return None
-        bs = (self.maps.backends.get(BackendKey(svc_id=v.svc_id, slot=i, gen=v.gen, set=SETS[0]))
-              for i in range(v.count))
+        backends = fam.map(self.maps, "backends")
+        bs = (backends.get(BackendKey(svc_id=v.svc_id, slot=i, gen=v.gen, set=SETS[0])) for i in range(v.count))
         return tuple(Backend.from_c(b) for b in bs if b is not None)
 
     # --- writing ------------------------------------------------------------------------
-    def _check_capacity(self, services: int, slots: int, entries: int = 0, ranges: int = 0, chunks: int = 0) -> None:
+    def _check_capacity(self, fam: Family, services: int, slots: int, entries: int = 0, ranges: int = 0,
+                        chunks: int = 0) -> None:
         capacity = self.maps.svc_stats.max_entries
         if len(self._ids) + services > capacity - 1:  # svc_id 0 is never used
             raise KxlbError(f"service map full: {len(self._ids)} of {capacity - 1} service ports used, "
                             f"{services} more needed")
-        if self._slots_used + slots > self.maps.backends.max_entries:
-            raise KxlbError(f"backend map full: {self._slots_used} of {self.maps.backends.max_entries} slots "
+        used, v6 = self._used[fam], fam.suffix
+        backends, src_ranges, svcs = (fam.map(self.maps, n) for n in ("backends", "src_ranges", "services"))
+        if used.slots + slots > backends.max_entries:
+            raise KxlbError(f"backend{v6} map full: {used.slots} of {backends.max_entries} slots "
                             f"used, {slots} more needed")
         if self._chunks_used + chunks > self.maps.maglev.max_entries:
             raise KxlbError(f"Maglev table map full: {self._chunks_used} of {self.maps.maglev.max_entries} chunks "
                             f"used, {chunks} more needed (a smaller --maglev-table-size needs fewer)")
-        if ranges > 0 and self._ranges_used + ranges > self.maps.src_ranges.max_entries:
-            raise KxlbError(f"source range map full: {self._ranges_used} of {self.maps.src_ranges.max_entries} "
+        if ranges > 0 and used.ranges + ranges > src_ranges.max_entries:
+            raise KxlbError(f"source range{v6} map full: {used.ranges} of {src_ranges.max_entries} "
                             f"loadBalancerSourceRanges used, {ranges} more needed")
-        if self._entries + entries > self.maps.services.max_entries:
-            raise KxlbError(f"frontend map full: {self._entries} of {self.maps.services.max_entries} entries "
+        if used.entries + entries > svcs.max_entries:
+            raise KxlbError(f"frontend{v6} map full: {used.entries} of {svcs.max_entries} entries "
                             f"used, {entries} more needed")
 
     def _check_frontends(self, spec: LbService) -> None:
@@ -311,62 +325,70 @@ class ServiceTable:
         """Both sets' slots and Maglev tables under ``gen``."""
         keys, vals, tkeys, tvals, nt = _pack_slots(svc_id, gen, spec, tables)
         n = len(spec.cluster) + len(spec.local)
+        fam = spec.key.family
         try:
-            self.maps.backends.put_many_raw(keys, vals, n)
+            fam.map(self.maps, "backends").put_many_raw(keys, vals, n)
             self.maps.maglev.put_many_raw(tkeys, tvals, nt)
         except OSError as exc:
             self._delete_slots(spec, svc_id, gen, tables, written=False)
             raise MapWriteError(f"service {spec.label}: writing backends failed: {exc}") from None
-        self._slots_used += n
+        self._used[fam].slots += n
         self._chunks_used += nt
 
     def _delete_slots(self, spec: LbService, svc_id: int, gen: int, tables: tuple[int, int],
                       written: bool = True) -> None:
         gone = chunks_gone = 0
+        fam = spec.key.family
+        backends = fam.map(self.maps, "backends")
         for set_, bs, m in zip(SETS, (spec.cluster, spec.local), tables):
             for i in range(len(bs)):
-                gone += self.maps.backends.delete(BackendKey(svc_id=svc_id, slot=i, gen=gen, set=set_))
+                gone += backends.delete(BackendKey(svc_id=svc_id, slot=i, gen=gen, set=set_))
             for i in range(maglev.n_chunks(m)):
                 chunks_gone += self.maps.maglev.delete(MaglevKey(svc_id=svc_id, chunk=i, gen=gen, set=set_))
         if written:
-            self._slots_used -= gone
+            self._used[fam].slots -= gone
             self._chunks_used -= chunks_gone
 
     def _write_entries(self, spec: LbService, svc_id: int, gen: int, tables: tuple[int, int],
                        flags: int = bpfsys.BPF_ANY) -> None:
         fes = spec.all_frontends
-        self.maps.services.put_many_raw(b"".join(_svc_key(fe.key) for fe in fes),
+        spec.key.family.map(self.maps, "services").put_many_raw(b"".join(_svc_key(fe.key) for fe in fes),
                                         b"".join(_svc_value(spec, fe.kind, svc_id, gen, tables) for fe in fes),
                                         len(fes), flags)
 
-    def _put_ranges(self, svc_id: int, cidrs: Iterable[str]) -> None:
+    def _put_ranges(self, fam: Family, svc_id: int, cidrs: Iterable[str]) -> None:
+        ranges = fam.map(self.maps, "src_ranges")
         for c in cidrs:
-            self.maps.src_ranges.put(_range_key(svc_id, c), ctypes.c_uint8(1))
-            self._ranges_used += 1
+            ranges.put(_range_key(fam, svc_id, c), ctypes.c_uint8(1))
+            self._used[fam].ranges += 1
 
-    def _delete_ranges(self, svc_id: int, cidrs: Iterable[str]) -> None:
+    def _delete_ranges(self, fam: Family, svc_id: int, cidrs: Iterable[str]) -> None:
+        ranges = fam.map(self.maps, "src_ranges")
         for c in cidrs:
-            self._ranges_used -= self.maps.src_ranges.delete(_range_key(svc_id, c))
+            self._used[fam].ranges -= ranges.delete(_range_key(fam, svc_id, c))
 
     def _sync_marker(self, vip: str) -> None:
         """A marker entry exists for a cluster IP exactly while some service port uses it."""
         self.states  # load the record
+        fam = family_of(vip)
+        services, used = fam.map(self.maps, "services"), self._used[fam]
         if vip in self._vip_users:
-            if self.maps.services.get(_marker_key(vip)) is None:
-                self._entries += 1
-            self.maps.services.put(_marker_key(vip), SvcValue(kind=MARKER))
-        elif self.maps.services.delete(_marker_key(vip)):
-            self._entries -= 1
+            if services.get(_marker_key(vip)) is None:
+                used.entries += 1
+            services.put(_marker_key(vip), SvcValue(kind=MARKER))
+        elif services.delete(_marker_key(vip)):
+            used.entries -= 1
 
-    def _forget_affinity(self, svc_id: int, keep: tuple[set[Backend], set[Backend]] | None) -> None:
+    def _forget_affinity(self, fam: Family, svc_id: int, keep: tuple[set[Backend], set[Backend]] | None) -> None:
         """Drop affinity entries of a service port: all (keep None), or those whose backend
         left its set, so no client is sent to a backend the service no longer has."""
-        for k, v in self.maps.affinity.items():
+        affinity = fam.map(self.maps, "affinity")
+        for k, v in affinity.items():
             if k.svc_id != svc_id:
                 continue
-            be = Backend(raw_to_ip(v.addr), raw_to_port(v.port))
+            be = Backend(fam.c_addr(v.addr), raw_to_port(v.port))
             if keep is None or k.set >= len(keep) or be not in keep[k.set]:
-                self.maps.affinity.delete(k)
+                affinity.delete(k)
 
     def put(self, spec: LbService) -> ServiceState:
         """Make the maps serve ``spec``: add it, or change the service port of its key in
@@ -374,6 +396,7 @@ class ServiceTable:
         spec = self._prepare(spec)
         cur = self.states.get(spec.key)
         self._check_frontends(spec)
+        fam = spec.key.family
         if cur is None:
             return self._add(spec)
         if cur.spec == spec:
@@ -386,21 +409,21 @@ class ServiceTable:
         tables = self.tables_for(spec) if sets_changed else cur.tables
         added_entries = len(spec.frontends) - len(old.frontends)
         new_ranges = set(spec.source_ranges) - set(old.source_ranges)
-        self._check_capacity(0, len(spec.cluster) + len(spec.local) if sets_changed else 0, added_entries,
+        self._check_capacity(fam, 0, len(spec.cluster) + len(spec.local) if sets_changed else 0, added_entries,
                              len(new_ranges), sum(map(maglev.n_chunks, tables)) if sets_changed else 0)
         if sets_changed:
             gen = 1 - cur.gen
             self._write_slots(spec, svc_id, gen, tables)       # 1. invisible new generation
         try:
-            self._put_ranges(svc_id, new_ranges)
+            self._put_ranges(fam, svc_id, new_ranges)
         except OSError as exc:
-            self._delete_ranges(svc_id, new_ranges)
+            self._delete_ranges(fam, svc_id, new_ranges)
             if sets_changed:
                 self._delete_slots(spec, svc_id, gen, tables)
             raise MapWriteError(f"service {spec.label}: writing source ranges failed: {exc}") from None
         gone = {fe.key for fe in old.frontends} - {fe.key for fe in spec.frontends}
         for k in gone:                                         # 2a. frontends that went
-            self.maps.services.delete(k.to_c())
+            fam.map(self.maps, "services").delete(k.to_c())
         try:
             self._write_entries(spec, svc_id, gen, tables)     # 2b. every frontend flips at once
         except OSError as exc:
@@ -413,12 +436,12 @@ class ServiceTable:
             self._forget_state(cur)
             self._states = None                                # unknown now: re-read next time
             raise MapWriteError(f"service {spec.label}: switching to the new frontends/backends failed: {exc}") from None
-        self._entries += added_entries
+        self._used[fam].entries += added_entries
         if sets_changed:
             self._delete_slots(old, svc_id, cur.gen, cur.tables)  # 3. the old generation goes
-        self._delete_ranges(svc_id, set(old.source_ranges) - set(spec.source_ranges))
+        self._delete_ranges(fam, svc_id, set(old.source_ranges) - set(spec.source_ranges))
         if old.affinity_s and (not spec.affinity_s or sets_changed):
-            self._forget_affinity(svc_id, (set(spec.cluster), set(spec.local)) if spec.affinity_s else None)
+            self._forget_affinity(fam, svc_id, (set(spec.cluster), set(spec.local)) if spec.affinity_s else None)
         self._forget_state(cur)
         st = ServiceState(spec.key, svc_id, gen, spec, tables)
         self._remember(st)
@@ -426,7 +449,8 @@ class ServiceTable:
 
     def _add(self, spec: LbService) -> ServiceState:
         tables = self.tables_for(spec)
-        self._check_capacity(1, len(spec.cluster) + len(spec.local), len(spec.all_frontends) + 1,
+        fam = spec.key.family
+        self._check_capacity(fam, 1, len(spec.cluster) + len(spec.local), len(spec.all_frontends) + 1,
                              len(spec.source_ranges), sum(map(maglev.n_chunks, tables)))
         capacity = self.maps.svc_stats.max_entries
         svc_id = next(i for i in range(1, capacity) if i not in self._ids)
@@ -434,17 +458,17 @@ class ServiceTable:
         self.maps.svc_stats.put(ctypes.c_uint32(svc_id), SvcCounters())
         self._write_slots(spec, svc_id, 0, tables)
         try:
-            self._put_ranges(svc_id, spec.source_ranges)
+            self._put_ranges(fam, svc_id, spec.source_ranges)
             self._write_entries(spec, svc_id, 0, tables, bpfsys.BPF_NOEXIST)
         except OSError as exc:
             for fe in spec.all_frontends:
-                self.maps.services.delete(fe.key.to_c())
+                fam.map(self.maps, "services").delete(fe.key.to_c())
             self._delete_slots(spec, svc_id, 0, tables)
-            self._delete_ranges(svc_id, spec.source_ranges)
+            self._delete_ranges(fam, svc_id, spec.source_ranges)
             raise MapWriteError(f"service {spec.label}: writing the service entries failed: {exc}") from None
         st = ServiceState(spec.key, svc_id, 0, spec, tables)
         self._ids.add(svc_id)
-        self._entries += len(spec.all_frontends)
+        self._used[fam].entries += len(spec.all_frontends)
         self._remember(st)
         self._sync_marker(spec.key.vip)
         return st
@@ -464,7 +488,8 @@ class ServiceTable:
 
     def add_many(self, specs: Iterable[LbService]) -> list[ServiceState]:
         """Add many new service ports with batch writes (all slots, then all entries): a
-        full sync's path. Validates everything before writing anything."""
+        full sync's path. Validates everything, and checks every family's capacity,
+        before writing anything; then writes one family's batch after the other."""
         checked = [self._prepare(s) for s in specs]
         seen: set[ServiceKey] = set()
         for s in checked:
@@ -475,11 +500,18 @@ class ServiceTable:
                 if fe.key in seen:
                     raise KxlbError(f"service {s.label}: frontend {fe} is listed by another service too")
                 seen.add(fe.key)
-        n_slots = sum(len(s.cluster) + len(s.local) for s in checked)
-        tables = [self.tables_for(s) for s in checked]
-        self._check_capacity(len(checked), n_slots, len(seen) + len({s.key.vip for s in checked}),
-                             sum(len(s.source_ranges) for s in checked),
-                             sum(maglev.n_chunks(m) for t in tables for m in t))
+        batches = [(fam, part, [self.tables_for(s) for s in part])
+                   for fam in FAMILIES if (part := [s for s in checked if s.key.family is fam])]
+        for fam, part, tables in batches:
+            self._check_capacity(fam, len(checked), sum(len(s.cluster) + len(s.local) for s in part),
+                                 sum(len(s.all_frontends) for s in part) + len({s.key.vip for s in part}),
+                                 sum(len(s.source_ranges) for s in part),
+                                 sum(maglev.n_chunks(m) for t in tables for m in t))
+        return [st for fam, part, tables in batches for st in self._add_batch(fam, part, tables)]
+
+    def _add_batch(self, fam: Family, checked: list[LbService], tables: list[tuple[int, int]]) -> list[ServiceState]:
+        """add_many's writes for the (checked) service ports of one family."""
+        services = fam.map(self.maps, "services")
         capacity = self.maps.svc_stats.max_entries
         free = (i for i in range(1, capacity) if i not in self._ids)
         states = [ServiceState(s.key, next(free), 0, s, t) for s, t in zip(checked, tables)]
@@ -489,7 +521,7 @@ class ServiceTable:
             for fe in st.spec.all_frontends:
                 svc_keys.append(_svc_key(fe.key))
                 svc_vals.append(_svc_value(st.spec, fe.kind, st.svc_id, 0, st.tables))
-        n_chunks = 0
+        n_chunks = n_slots = 0
         try:
             # Fresh counters for ids a deleted service may have used, then slots, ranges, entries.
             self.maps.svc_stats.reset_many(st.svc_id for st in states)
@@ -504,23 +536,25 @@ class ServiceTable:
                 pending_chunks += batch[-1][4]
                 if pending_chunks >= 4096 or i == len(states) - 1:
                     sk, sv, tk, tv, _ = zip(*batch)
-                    self.maps.backends.put_many_raw(b"".join(sk), b"".join(sv), pending_slots)
+                    fam.map(self.maps, "backends").put_many_raw(b"".join(sk), b"".join(sv), pending_slots)
                     self.maps.maglev.put_many_raw(b"".join(tk), b"".join(tv), pending_chunks)
                     n_chunks += pending_chunks
+                    n_slots += pending_slots
                     batch, pending_slots, pending_chunks = [], 0, 0
             for st in states:
-                self._put_ranges(st.svc_id, st.spec.source_ranges)
-            self.maps.services.put_many_raw(b"".join(svc_keys), b"".join(svc_vals), len(svc_keys))
+                self._put_ranges(fam, st.svc_id, st.spec.source_ranges)
+            services.put_many_raw(b"".join(svc_keys), b"".join(svc_vals), len(svc_keys))
         except OSError as exc:
             for st in states:
                 for fe in st.spec.all_frontends:
-                    self.maps.services.delete(fe.key.to_c())
+                    services.delete(fe.key.to_c())
                 self._delete_slots(st.spec, st.svc_id, 0, st.tables, written=False)
-                self._delete_ranges(st.svc_id, st.spec.source_ranges)
-            raise MapWriteError(f"adding {len(states)} services failed: {exc}") from None
-        self._slots_used += n_slots
+                self._delete_ranges(fam, st.svc_id, st.spec.source_ranges)
+            raise MapWriteError(f"adding {len(states)} {fam.name} services failed: {exc}") from None
+        used = self._used[fam]
+        used.slots += n_slots
         self._chunks_used += n_chunks
-        self._entries += len(svc_keys)
+        used.entries += len(svc_keys)
         new_vips = {st.key.vip for st in states} - set(self._vip_users)
         for st in states:
             self._ids.add(st.svc_id)
@@ -528,14 +562,14 @@ class ServiceTable:
         # Markers of cluster IPs that had none, in one batch (a full sync adds thousands).
         marker = bytes(SvcValue(kind=MARKER))
         try:
-            self.maps.services.put_many_raw(b"".join(_svc_key(ServiceKey(v, 0, 0)) for v in new_vips),
-                                            marker * len(new_vips), len(new_vips))
+            services.put_many_raw(b"".join(_svc_key(ServiceKey(v, 0, 0)) for v in new_vips),
+                                  marker * len(new_vips), len(new_vips))
         except OSError as exc:
             # The service ports are in and serve; only undefined ports of these cluster IPs
             # are not rejected until sync_markers() (the controller's reconcile) rewrites them.
             log.warning("writing %d cluster IP markers failed: %s", len(new_vips), exc)
         else:
-            self._entries += len(new_vips)
+            used.entries += len(new_vips)
         return states
 
     def delete(self, key: ServiceKey) -> None:
@@ -543,24 +577,28 @@ class ServiceTable:
         if cur is None:
             raise KxlbError(f"service {key} does not exist")
         # The entries first: from here no new flow can reach the slots.
+        fam = key.family
         for fe in cur.spec.all_frontends:
-            self._entries -= self.maps.services.delete(fe.key.to_c())
+            self._used[fam].entries -= fam.map(self.maps, "services").delete(fe.key.to_c())
         self._forget_state(cur)
         self._ids.discard(cur.svc_id)
         self.maps.svc_stats.delete(ctypes.c_uint32(cur.svc_id))  # its memory (maps.h svc_stats)
         self._sync_marker(key.vip)
         self._delete_slots(cur.spec, cur.svc_id, cur.gen, cur.tables)
-        self._delete_ranges(cur.svc_id, cur.spec.source_ranges)
+        self._delete_ranges(fam, cur.svc_id, cur.spec.source_ranges)
         if cur.spec.affinity_s:
-            self._forget_affinity(cur.svc_id, None)
+            self._forget_affinity(fam, cur.svc_id, None)
 
     # --- node configuration -------------------------------------------------------------
     def set_config(self, cfg: "DatapathConfig") -> None:
-        """Write struct lb_config: when to masquerade, and the service CIDRs."""
-        self.maps.config.put(ctypes.c_uint32(0), cfg.to_c())
+        """Write both families' struct lb_config: when to masquerade, and the service CIDRs."""
+        for fam in FAMILIES:
+            fam.map(self.maps, "config").put(ctypes.c_uint32(0), cfg.to_c(fam))
 
     def read_config(self) -> "DatapathConfig":
-        return DatapathConfig.from_c(self.maps.config.get(ctypes.c_uint32(0)) or LbConfig())
+        got = [DatapathConfig.from_c(fam, fam.map(self.maps, "config").get(ctypes.c_uint32(0)) or fam.LbConfig())
+               for fam in FAMILIES]
+        return DatapathConfig.merge(*got)
 
     # --- counters -----------------------------------------------------------------------
     def datapath_counters(self) -> dict[str, int]:
@@ -578,63 +616,83 @@ class ServiceTable:
         return total
 
 
-def _ipv4_net(text: str, what: str) -> ipaddress.IPv4Network:
-    try:
-        return ipaddress.IPv4Network(text, strict=False)
-    except ValueError:
-        raise KxlbError(f"{what} {text!r} is not an IPv4 network") from None
-
-
 @dataclass(frozen=True)
 class DatapathConfig:
-    """The node-wide settings of the datapath (bpf/maps.h struct lb_config)."""
+    """The node-wide settings of the datapath (bpf/maps.h struct lb_config and
+    lb_config6). Addresses and CIDRs of both families in one value, as kube-proxy's
+    flags take them (--cluster-cidr 10.0.0.0/16,fd00::/48); each family's entry gets its
+    own. The family-free settings are written the same into both entries."""
 
-    snat_addr: str | None = None          # masquerade address (the node's); None: never
-    cluster_cidr: str | None = None       # kube-proxy's detect-local; None: all clients external
+    snat_addrs: tuple[str, ...] = ()      # masquerade addresses (the node's), one per family; none: never
+    cluster_cidrs: tuple[str, ...] = ()   # kube-proxy's detect-local, one per family; none: all clients external
     service_cidrs: tuple[str, ...] = ()   # ServiceCIDRs: bad ports rejected, the rest dropped
     masquerade_all: bool = False          # --masquerade-all
     # Source ports for masqueraded (and collision-remapped) flows: a range the node's own
     # sockets never use (controller: above ip_local_port_range). None: consts.h defaults.
     src_ports: tuple[int, int] | None = None
-    # The node's own address: what loadBalancerSourceRanges see as the source of the
-    # node's processes (socket hooks). None: snat_addr (the same unless
-    # --masquerade-address differs from the node's IP).
-    node_addr: str | None = None
+    # The node's own addresses (one per family): what loadBalancerSourceRanges see as the
+    # source of the node's processes (socket hooks). None for a family: its snat address
+    # (the same unless --masquerade-address differs from the node's IP).
+    node_addrs: tuple[str, ...] = ()
 
-    def to_c(self) -> LbConfig:
-        cfg = LbConfig()
+    def _one(self, fam: Family, values: tuple[str, ...], what: str) -> str | None:
+        """The one value of ``fam`` among ``values`` (addresses or CIDRs)."""
+        mine = [v for v in values if family_of(v) is fam]
+        if len(mine) > 1:
+            raise KxlbError(f"{what}: {', '.join(mine)}: at most one {fam.name} value")
+        return mine[0] if mine else None
+
+    def to_c(self, fam: Family = V4):
+        """This family's struct lb_config(6)."""
+        cfg = fam.LbConfig()
         if self.src_ports is not None:
             lo, hi = self.src_ports
             if not 1024 <= lo <= hi <= 65535:
                 raise KxlbError(f"masquerade source ports {lo}-{hi}: expected a range within 1024-65535")
             cfg.src_port_min, cfg.src_port_max = lo, hi
-        if self.snat_addr:
-            cfg.snat_addr = ip_to_raw(parse_ipv4(self.snat_addr, "masquerade address"))
-        if self.node_addr:
-            cfg.node_addr = ip_to_raw(parse_ipv4(self.node_addr, "node address"))
-        if self.cluster_cidr:
-            net = _ipv4_net(self.cluster_cidr, "cluster CIDR")
-            cfg.cluster_cidr = ip_to_raw(str(net.network_address))
-            cfg.cluster_mask = ip_to_raw(str(net.netmask))
-        if len(self.service_cidrs) > C["MAX_SVC_CIDRS"]:
-            raise KxlbError(f"{len(self.service_cidrs)} service CIDRs, the datapath holds at most "
-                            f"{C['MAX_SVC_CIDRS']}")
-        for i, text in enumerate(self.service_cidrs):
-            net = _ipv4_net(text, "service CIDR")
-            cfg.svc_cidr[i] = ip_to_raw(str(net.network_address))
-            cfg.svc_mask[i] = ip_to_raw(str(net.netmask))
+        for field, what in (("snat_addr", "masquerade address"), ("node_addr", "node address")):
+            addr = self._one(fam, getattr(self, field + "s"), what)
+            if addr:
+                setattr(cfg, field, fam.addr_c(fam.parse(addr, what)))
+        cidr = self._one(fam, self.cluster_cidrs, "cluster CIDR")
+        if cidr:
+            net = fam.parse_net(cidr, "cluster CIDR")
+            cfg.cluster_cidr = fam.addr_c(str(net.network_address))
+            cfg.cluster_mask = fam.addr_c(str(net.netmask))
+        nets = [parse_net(text, "service CIDR") for text in self.service_cidrs]
+        mine = [n for n in nets if n.version == fam.version]
+        if len(mine) > C["MAX_SVC_CIDRS"]:
+            raise KxlbError(f"{len(mine)} {fam.name} service CIDRs, the datapath holds at most "
+                            f"{C['MAX_SVC_CIDRS']} per family")
+        for i, net in enumerate(mine):
+            cfg.svc_cidr[i] = fam.addr_c(str(net.network_address))
+            cfg.svc_mask[i] = fam.addr_c(str(net.netmask))
         cfg.flags = C["CFG_F_MASQUERADE_ALL"] if self.masquerade_all else 0
         return cfg
 
     @classmethod
-    def from_c(cls, c: LbConfig) -> "DatapathConfig":
-        def net(addr: int, mask: int) -> str:
-            return str(ipaddress.IPv4Network(f"{raw_to_ip(addr)}/{raw_to_ip(mask)}"))
+    def from_c(cls, fam: Family, c) -> "DatapathConfig":
+        """The settings one family's entry holds."""
+        def addr(field) -> tuple[str, ...]:
+            text = fam.c_addr(field)
+            return (text,) if fam.address(text) != fam.address(0) else ()
+
+        def net(addr, mask) -> str:
+            # the prefix length from the mask's bits (IPv6Network takes no netmask text)
+            plen = bin(int.from_bytes(fam.pton(fam.c_addr(mask)), "big")).count("1")
+            return str(fam.network(f"{fam.c_addr(addr)}/{plen}"))
         return cls(
-            snat_addr=raw_to_ip(c.snat_addr) if c.snat_addr else None,
-            cluster_cidr=net(c.cluster_cidr, c.cluster_mask) if c.cluster_mask else None,
-            service_cidrs=tuple(net(c.svc_cidr[i], c.svc_mask[i]) for i in range(C["MAX_SVC_CIDRS"]) if c.svc_mask[i]),
+            snat_addrs=addr(c.snat_addr),
+            cluster_cidrs=(net(c.cluster_cidr, c.cluster_mask),) if addr(c.cluster_mask) else (),
+            service_cidrs=tuple(net(c.svc_cidr[i], c.svc_mask[i]) for i in range(C["MAX_SVC_CIDRS"])
+                                if addr(c.svc_mask[i])),
             masquerade_all=bool(c.flags & C["CFG_F_MASQUERADE_ALL"]),
             src_ports=(c.src_port_min, c.src_port_max) if c.src_port_min else None,
-            node_addr=raw_to_ip(c.node_addr) if c.node_addr else None,
+            node_addrs=addr(c.node_addr),
         )
+
+    @classmethod
+    def merge(cls, v4: "DatapathConfig", v6: "DatapathConfig") -> "DatapathConfig":
+        """One value from the two families' entries (the family-free settings from IPv4's)."""
+        return replace(v4, snat_addrs=v4.snat_addrs + v6.snat_addrs, cluster_cidrs=v4.cluster_cidrs + v6.cluster_cidrs,
+                       service_cidrs=v4.service_cidrs + v6.service_cidrs, node_addrs=v4.node_addrs + v6.node_addrs)

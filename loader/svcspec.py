@@ -15,7 +15,7 @@ from enum import IntEnum
 from typing import NamedTuple
 
 from .errors import KxlbError
-from .layout import C, Backend, ServiceKey
+from .layout import C, Backend, ServiceKey, family_of
 
 
 class Kind(IntEnum):
@@ -104,9 +104,16 @@ class LbService:
             self,
             frontends=tuple(sorted(set(self.frontends), key=lambda f: (f.kind, f.key))),
             external_local=self.external_local and bool(kinds),
-            source_ranges=tuple(sorted({str(ipaddress.IPv4Network(c, strict=False)) for c in self.source_ranges},
-                                       key=_net_order)) if Kind.LOAD_BALANCER in kinds else (),
+            source_ranges=self._ranges_of_family() if Kind.LOAD_BALANCER in kinds else (),
         )
+
+    def _ranges_of_family(self) -> tuple[str, ...]:
+        """The source ranges of the service's family, normalised and sorted: a
+        dual-stack Service lists both families' ranges in one field, and each family's
+        service port applies its own (kube-proxy filters them the same way)."""
+        nets = {ipaddress.ip_network(c, strict=False) for c in self.source_ranges}
+        version = self.key.family.version
+        return tuple(str(n) for n in sorted(n for n in nets if n.version == version))
 
     def validate(self, max_backends: int) -> "LbService":
         """Raise KxlbError naming the service and field for what the maps cannot hold."""
@@ -128,12 +135,13 @@ class LbService:
                             "range 1-86400")
         for cidr in self.source_ranges:
             try:
-                ipaddress.IPv4Network(cidr, strict=False)
+                ipaddress.ip_network(cidr, strict=False)
             except ValueError:
-                raise KxlbError(f"service {self.label}: source range {cidr!r} is not an IPv4 CIDR") from None
+                raise KxlbError(f"service {self.label}: source range {cidr!r} is not an IPv4 or IPv6 CIDR") from None
+        family = self.key.family
+        mixed = [str(b) for b in self.cluster + self.local if family_of(b.addr) is not family]
+        mixed += [str(fe) for fe in self.frontends if family_of(fe.key.vip) is not family]
+        if mixed:
+            raise KxlbError(f"service {self.label}: {', '.join(mixed)} not {family.name} like the service "
+                            "(a service port has one family; a dual-stack Service is one per family)")
         return self
-
-
-def _net_order(cidr: str):
-    n = ipaddress.IPv4Network(cidr, strict=False)
-    return (int(n.network_address), n.prefixlen)

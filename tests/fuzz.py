@@ -81,7 +81,7 @@ ICMP_ERRORS = (3, 11, 12)
 
 def install_services(table: ServiceTable) -> None:
     """The services the fuzzer aims at, through the loader's own write path."""
-    table.set_config(DatapathConfig(snat_addr=socket.inet_ntoa(NODE_IP), cluster_cidr=CLUSTER_CIDR,
+    table.set_config(DatapathConfig(snat_addrs=(socket.inet_ntoa(NODE_IP),), cluster_cidrs=(CLUSTER_CIDR,),
                                     service_cidrs=(SERVICE_CIDR,)))
     backends = tuple(Backend(socket.inet_ntoa(b), BACKEND_PORT) for b in BACKENDS)
     cip, empty, node = socket.inet_ntoa(CIP), socket.inet_ntoa(EMPTY), socket.inet_ntoa(NODE_IP)

@@ -60,6 +60,12 @@ def pin(small_dp):
     (["service", "set-backends", f"{VIP}:99/udp", "10.1.0.1:80"], "does not exist"),
     (["service", "del", f"{VIP}:99/udp"], "does not exist"),
     (["service", "add", "nonsense"], "VIP:PORT/tcp|udp"),
+    (["service", "add", "fd00::10:80/tcp", "[fd00::1]:80"], "needs brackets"),
+    (["service", "add", "[fd00::10]:80/tcp", "10.1.0.1:80"], "10.1.0.1:80 not IPv6 like the service"),
+    (["service", "add", f"{VIP}:81/tcp", "[fd00::1]:80"], "[fd00::1]:80 not IPv4 like the service"),
+    (["service", "add", "[fd00::zz]:80/tcp"], "'fd00::zz' is not an IP address"),
+    (["service", "add", "[::ffff:10.1.0.1]:80/tcp"], "IPv4-mapped"),
+    (["service", "add", "[fd00::10]:80/tcp", "--external-ip", "203.0.113.9"], "203.0.113.9:80/tcp (ExternalIP)"),
 ])
 def test_bad_input_is_one_clear_line_and_changes_nothing(pin, args, names):
     before = listing(pin)
@@ -223,3 +229,26 @@ def test_unload_detaches_socket_hooks_from_their_cgroup(netlab):
         assert ours() == [] and not os.path.exists(netlab.pin_dir)
     finally:
         os.rmdir(cgroup)
+
+
+def test_ipv6_services_are_added_listed_and_counted_beside_ipv4(pin):
+    """`kxlb service add [VIP6]:PORT/tcp [BACKEND6]:PORT ...`: IPv6 service ports in the
+    IPv6 maps, every command speaking bracketed IPv6."""
+    r = kxlb(pin, "service", "add", "[FD00:96::10]:80/tcp", "[fd00:1::11]:8080", "[fd00:1::12]:8080",
+             "--node-port", "[fd00:250::11]:30080", "--load-balancer-ip", "2001:db8::5",
+             "--source-range", "2001:db8:7::/48")
+    assert r.returncode == 0, r.stderr
+    assert "service [fd00:96::10]:80/tcp" in r.stdout
+    svc6 = next(s for s in listing(pin) if ":" in s["vip"])
+    assert (svc6["service"], svc6["vip"], svc6["backends"], svc6["source_ranges"]) == (
+        "[fd00:96::10]:80/tcp", "fd00:96::10", ["[fd00:1::11]:8080", "[fd00:1::12]:8080"], ["2001:db8:7::/48"])
+    assert {(f["address"], f["port"], f["kind"]) for f in svc6["frontends"]} == {
+        ("fd00:96::10", 80, "ClusterIP"), ("fd00:250::11", 30080, "NodePort"), ("2001:db8::5", 80, "LoadBalancer")}
+    assert kxlb(pin, "service", "set-backends", "[fd00:96::10]:80/tcp", "[fd00:1::13]:8080").returncode == 0
+    assert next(s for s in listing(pin) if ":" in s["vip"])["backends"] == ["[fd00:1::13]:8080"]
+    text = kxlb(pin, "list").stdout
+    assert "[fd00:96::10]:80" in text and "-> [fd00:1::13]:8080" in text and "[fd00:250::11]:30080" in text
+    stats = json.loads(kxlb(pin, "stats", "--json").stdout)
+    assert {s["service"] for s in stats["services"]} == {f"{VIP}:80/tcp", "[fd00:96::10]:80/tcp"}
+    assert kxlb(pin, "service", "del", "[fd00:96::10]:80/tcp").returncode == 0
+    assert [s["service"] for s in listing(pin)] == [f"{VIP}:80/tcp"]

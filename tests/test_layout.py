@@ -59,25 +59,35 @@ def test_constants_come_from_the_header():
     assert C["ST_MAX"] > max(v for k, v in C.items() if k.startswith("ST_") and k != "ST_MAX")
 
 
-def test_bulk_packing_matches_the_ctypes_mirrors():
-    """loader/services.py packs bulk writes with struct: same bytes as the mirrors."""
+@pytest.mark.parametrize("vip, backend", [("10.96.0.10", "10.1.2.3"), ("fd00:96::10", "fd00:244:1::3")],
+                         ids=["ipv4", "ipv6"])
+def test_bulk_packing_matches_the_ctypes_mirrors(vip, backend):
+    """loader/services.py packs bulk writes with struct: same bytes as the mirrors, for
+    each family's structs."""
+    import socket
     from kxlb.loader import services as sv
-    from kxlb.loader.layout import Backend, BackendKey, MaglevKey, ServiceKey, SvcValue
+    from kxlb.loader.layout import Backend, BackendKey, MaglevKey, ServiceKey, SvcValue, family_of
 
-    b, k = Backend("10.1.2.3", 8080), ServiceKey("10.96.0.10", 53, 17)
-    assert sv._BACKEND.pack(b"\x0a\x01\x02\x03", (8080).to_bytes(2, "big"), 0) == bytes(b.to_c())
+    fam = family_of(vip)
+    b, k = Backend(backend, 8080), ServiceKey(vip, 53, 17)
+    raw_b, raw_vip = socket.inet_pton(fam.af, backend), socket.inet_pton(fam.af, vip)
+    assert fam.backend.pack(raw_b, (8080).to_bytes(2, "big"), 0) == bytes(b.to_c())
+    assert fam.backend.size == ctypes.sizeof(fam.BackendValue)
     assert sv._BACKEND_KEY.pack(7, 3, 1, 1) == bytes(BackendKey(svc_id=7, slot=3, gen=1, set=1))
-    assert sv._SVC_KEY.pack(b"\x0a\x60\x00\x0a", (53).to_bytes(2, "big"), 17, 0) == bytes(k.to_c())
+    assert fam.svc_key.pack(raw_vip, (53).to_bytes(2, "big"), 17, 0) == bytes(k.to_c())
+    assert sv._svc_key(k) == bytes(k.to_c())
+    assert ServiceKey.from_c(k.to_c()) == k and Backend.from_c(b.to_c()) == b
     assert sv._SVC_VALUE.pack(9, 4, 2, 1, 3, 0x0102, 600, 251, 1021) == bytes(
         SvcValue(svc_id=9, count=4, local_count=2, gen=1, kind=3, flags=0x0102, affinity_s=600, table_size=251,
                  local_table_size=1021))
-    assert sv._BACKEND_READ.unpack(bytes(b.to_c())) == (b"\x0a\x01\x02\x03", 8080)
+    assert fam.backend_read.unpack(bytes(b.to_c())) == (raw_b, 8080)
     # the (index, gen, set) tails joined with the svc_id: keys of both maps
     assert sv._keys(struct.pack("=I", 7), 1, 1, 35)[-8:] == bytes(MaglevKey(svc_id=7, chunk=34, gen=1, set=1))
     assert sv._keys(struct.pack("=I", 7), 0, 0, 4)[:8] == bytes(BackendKey(svc_id=7, slot=0, gen=0, set=0))
 
 
-def test_a_full_syncs_packed_tables_are_the_maglev_modules_tables():
+@pytest.mark.parametrize("family", ["ipv4", "ipv6"])
+def test_a_full_syncs_packed_tables_are_the_maglev_modules_tables(family):
     """add_many fills Maglev tables from the packed slot values (their first bytes are
     the backend's identity), not from Backend objects: the same tables."""
     from kxlb.loader import maglev
@@ -85,11 +95,16 @@ def test_a_full_syncs_packed_tables_are_the_maglev_modules_tables():
     from kxlb.loader.layout import Backend, ServiceKey
     from kxlb.loader.svcspec import LbService
 
-    assert all(bytes(b.to_c())[:sv._IDENT_LEN] == maglev.identity(b)
-               for b in (Backend("10.1.2.3", 8080), Backend("192.168.255.1", 1)))
-    cluster = tuple(Backend(f"10.2.{i // 200}.{i % 200}", 8000 + i) for i in range(300))
+    assert all(bytes(b.to_c())[:b.family.ident_len] == maglev.identity(b)
+               for b in (Backend("10.1.2.3", 8080), Backend("192.168.255.1", 1), Backend("fd00::1:2", 443)))
+    if family == "ipv6":
+        cluster = tuple(Backend(f"fd00:2::{i:x}", 8000 + i) for i in range(300))
+        key = ServiceKey("fd00:96::1", 80, 6)
+    else:
+        cluster = tuple(Backend(f"10.2.{i // 200}.{i % 200}", 8000 + i) for i in range(300))
+        key = ServiceKey("10.96.0.1", 80, 6)
     local = cluster[:2]
-    spec = LbService(key=ServiceKey("10.96.0.1", 80, 6), cluster=cluster, local=local)
+    spec = LbService(key=key, cluster=cluster, local=local)
     m = (maglev.table_size(len(cluster)), maglev.table_size(len(local)))
     slot_keys, slot_vals, table_keys, table_vals, n = sv._pack_slots(9, 1, spec, m)
     assert slot_vals == b"".join(bytes(b.to_c()) for b in cluster + local)

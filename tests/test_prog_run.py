@@ -313,7 +313,7 @@ def in_src_port_range(port: int) -> bool:
 
 @pytest.fixture
 def masquerade(table):
-    table.set_config(DatapathConfig(snat_addr=NODE_IP, cluster_cidr="10.0.0.0/16"))
+    table.set_config(DatapathConfig(snat_addrs=(NODE_IP,), cluster_cidrs=("10.0.0.0/16",)))
     yield table
     table.set_config(DatapathConfig())
 

@@ -167,7 +167,7 @@ def test_direct_traffic_on_a_finished_flows_tuple_is_left_alone(hook: Hook, tabl
 
 @pytest.fixture
 def masq(table):
-    table.set_config(DatapathConfig(snat_addr=NODE_IP, cluster_cidr="10.0.0.0/16", src_ports=(62000, 62999)))
+    table.set_config(DatapathConfig(snat_addrs=(NODE_IP,), cluster_cidrs=("10.0.0.0/16",), src_ports=(62000, 62999)))
     table.add(ServiceKey(VIP1, 80, 6), [Backend(BACKEND.addr, 8080)])
     return table
 

@@ -3,14 +3,11 @@
 The IPv6 journey is the IPv4 one instantiated for 16-byte addresses (bpf/flow.tmpl.h)
 with its own parsing (extension headers, the fragment header), rewrites (no header
 checksum: the L4 and ICMPv6 checksums cover the addresses) and reject (ICMPv6). Services
-are written straight into the IPv6 maps here, through their ctypes mirrors: the
-controller and `kxlb service` do not program IPv6 services yet. Every case runs on both
-hooks and asserts on the output frame's bytes and checksums, the verdict, and the maps.
+are programmed through loader/services.py's ServiceTable, as the controller and `kxlb
+service` program them, into the IPv6 maps. Every case runs on both hooks and asserts on
+the output frame's bytes and checksums, the verdict, and the maps.
 """
 from __future__ import annotations
-
-import ctypes
-import ipaddress
 
 import pytest
 from scapy.layers.inet import TCP, UDP
@@ -20,52 +17,36 @@ from scapy.layers.inet6 import (ICMPv6DestUnreach, ICMPv6EchoRequest, ICMPv6ND_N
 from scapy.layers.l2 import Ether
 
 from harness import CLIENT_MAC, NODE_MAC, clean_table, eth
-from kxlb.loader.services import ServiceTable
-from kxlb.loader.layout import (C, BackendKey, BackendValue6, CtKey6, LbConfig6, SvcKey6, SvcValue, c_to_ip6,
-                                ip6_to_c, port_to_raw)
+from kxlb.loader import conntrack
+from kxlb.loader.services import DatapathConfig, ServiceTable
+from kxlb.loader.layout import C, Backend, CtKey6, ServiceKey, c_to_ip6, ip6_to_c, port_to_raw
+from kxlb.loader.svcspec import Frontend, Kind, LbService
 
 CLIENT = "fd00:10::2"
 VIP, PORT = "fd00:96::10", 80
 BACKEND, BPORT = "fd00:1::11", 8080
 EMPTY_VIP = "fd00:96::20"      # a service without endpoints
-SVC_CIDR, SVC_PREFIX = "fd00:96::", 112
-SVC_ID, EMPTY_ID = 7001, 7002
+SVC_CIDR = "fd00:96::/112"
+NODE6 = "fd00:10::1"
 TC_MIN_FRAME6 = 14 + 40  # shortest IPv6 frame the skb test run accepts
-
-
-def put_service6(maps, vip, port, proto, svc_id, backends):
-    """One IPv6 service port as the loader lays it out (maps.h): backend slots of
-    generation 0 first, then the frontend. One backend at most: no Maglev table."""
-    assert len(backends) <= 1
-    for slot, (addr, bport) in enumerate(backends):
-        maps.backends6.put(BackendKey(svc_id=svc_id, slot=slot, gen=0, set=C["SET_CLUSTER"]),
-                           BackendValue6(addr=ip6_to_c(addr), port=port_to_raw(bport)))
-    flags = C["SVC_F_HAS_ENDPOINTS"] if backends else 0
-    maps.services6.put(SvcKey6(vip=ip6_to_c(vip), port=port_to_raw(port), proto=proto),
-                       SvcValue(svc_id=svc_id, count=len(backends), kind=C["KIND_CLUSTER_IP"], flags=flags))
-    maps.services6.put(SvcKey6(vip=ip6_to_c(vip)), SvcValue(kind=C["KIND_MARKER"]))  # a live cluster IP
-
-
-def mask6(prefix: int):
-    return ip6_to_c(str(ipaddress.IPv6Network(f"::/{prefix}").netmask))
+CONFIG = DatapathConfig(service_cidrs=("10.96.0.0/16", SVC_CIDR))
 
 
 @pytest.fixture
-def maps(dp):
+def table(dp):
     """TCP and UDP VIP:80 -> BACKEND:8080, and EMPTY_VIP:80 without endpoints, in the
     service CIDR; every map emptied afterwards."""
     with clean_table(dp[1]) as t:
-        m = t.maps
         for proto in (6, 17):
-            put_service6(m, VIP, PORT, proto, SVC_ID + proto, [(BACKEND, BPORT)])
-        put_service6(m, EMPTY_VIP, PORT, 6, EMPTY_ID, [])
-        cfg = LbConfig6()
-        cfg.svc_cidr[0], cfg.svc_mask[0] = ip6_to_c(SVC_CIDR), mask6(SVC_PREFIX)
-        m.config6.put(ctypes.c_uint32(0), cfg)
-        try:
-            yield m
-        finally:
-            m.config6.put(ctypes.c_uint32(0), LbConfig6())
+            t.put(LbService.simple(ServiceKey(VIP, PORT, proto), [Backend(BACKEND, BPORT)]))
+        t.put(LbService.simple(ServiceKey(EMPTY_VIP, PORT, 6), []))
+        t.set_config(CONFIG)
+        yield t
+
+
+@pytest.fixture
+def maps(table):
+    return table.maps
 
 
 def counters(maps) -> dict[str, int]:
@@ -116,7 +97,13 @@ def test_new_tcp_flow_is_dnated_and_tracked(hook, maps):
     key = CtKey6(saddr=ip6_to_c(CLIENT), daddr=ip6_to_c(VIP), sport=port_to_raw(40000), dport=port_to_raw(PORT),
                  proto=6, dir=C["CT_DIR_FWD"])
     e = maps.conntrack6.get(key)
-    assert e is not None and c_to_ip6(e.backend_addr) == BACKEND and e.svc_id == SVC_ID + 6
+    assert e is not None and c_to_ip6(e.backend_addr) == BACKEND
+    assert e.svc_id == ServiceTable(maps).read_all()[ServiceKey(VIP, PORT, 6)].svc_id
+    # user space finds the flow's REV entry where the datapath put it (the same order of
+    # IPv6 addresses: loader/conntrack.py), and shows it bracketed
+    flow = conntrack.get_flow(maps, key)
+    assert flow.entries == 2 and (str(flow.client), str(flow.backend)) == (f"[{CLIENT}]:40000", f"[{BACKEND}]:{BPORT}")
+    assert [f.fwd_key for f in conntrack.flows(maps)] and conntrack.delete_flow(maps, flow) == 2
 
 
 def test_reply_is_reverse_nated_to_the_vip(hook, maps):
@@ -255,14 +242,12 @@ def test_truncated_frames_are_never_rewritten(hook, maps):
     assert counters(maps)["malformed"] - before == len(cuts)
 
 
-def test_hairpin_is_masqueraded_both_ways(hook, maps):
+def test_hairpin_is_masqueraded_both_ways(hook, table):
     """The shared decision (lb.tmpl.h) for IPv6: a backend reaching itself through the VIP
     is masqueraded to the node's address, from the range of masquerade ports."""
-    node = "fd00:10::1"
-    cfg = maps.config6.get(ctypes.c_uint32(0))
-    cfg.snat_addr = ip6_to_c(node)
-    cfg.cluster_cidr, cfg.cluster_mask = ip6_to_c("fd00::"), mask6(16)
-    maps.config6.put(ctypes.c_uint32(0), cfg)
+    node = NODE6
+    table.set_config(DatapathConfig(snat_addrs=("10.0.0.1", node), cluster_cidrs=("10.0.0.0/16", "fd00::/16"),
+                                    service_cidrs=CONFIG.service_cidrs))
     frame = eth(IPv6(src=BACKEND, dst=VIP) / TCP(sport=45000, dport=PORT, flags="S"))
     verdict, out = hook.run(frame)
     assert verdict == hook.translated
@@ -274,3 +259,93 @@ def test_hairpin_is_masqueraded_both_ways(hook, maps):
     p = assert_checksums6(out)
     assert verdict == hook.translated
     assert (p[IPv6].src, p[TCP].sport, p[IPv6].dst, p[TCP].dport) == (VIP, PORT, BACKEND, 45000)
+
+
+# --- features through the service model (loader/services.py writes the IPv6 maps) ----
+
+def backends6(n: int, port: int = BPORT) -> tuple[Backend, ...]:
+    return tuple(Backend(f"fd00:1::{i + 1:x}", port) for i in range(n))
+
+
+def test_the_table_reads_back_what_it_wrote_for_both_families(table):
+    """Every field of an IPv6 service port round-trips through the maps, beside an
+    IPv4 one: a restarted controller adopts both families."""
+    spec6 = LbService(key=ServiceKey("fd00:96::30", 443, 6), cluster=backends6(20), local=backends6(2),
+                      frontends=(Frontend(ServiceKey(NODE6, 30443, 6), Kind.NODE_PORT),
+                                 Frontend(ServiceKey("2001:db8::5", 443, 6), Kind.LOAD_BALANCER)),
+                      external_local=True, has_endpoints=True, affinity_s=60,
+                      source_ranges=("2001:db8:7::/48", "192.168.0.0/16"))
+    spec4 = LbService.simple(ServiceKey("10.96.0.30", 443, 6), [Backend("10.1.0.1", 8443)])
+    table.put(spec6)
+    table.put(spec4)
+    got = ServiceTable(table.maps).read_all()
+    assert got[spec6.key].spec == spec6.canonical() and got[spec4.key].spec == spec4
+    assert got[spec6.key].spec.source_ranges == ("2001:db8:7::/48",)   # the IPv4 range is the IPv4 port's
+    assert got[spec6.key].svc_id != got[spec4.key].svc_id              # one id space: shared Maglev map
+    assert table.read_config() == CONFIG
+
+
+def test_maglev_spreads_ipv6_flows_and_a_set_change_keeps_most(hook, table):
+    """More than one backend: the Maglev table of the IPv6 set (backend identities of 18
+    bytes) decides, and one backend more moves few flows."""
+    key = ServiceKey("fd00:96::40", PORT, 17)
+    table.put(LbService.simple(key, backends6(4)))
+
+    def picks(n: int) -> list[str]:
+        out = []
+        for i in range(n):
+            verdict, frame = hook.run(fwd(b"q", sport=20000 + i, dst=key.vip, proto=UDP))
+            assert verdict == hook.translated
+            out.append(assert_checksums6(frame)[IPv6].dst)
+        return out
+
+    before = picks(200)
+    assert set(before) == {b.addr for b in backends6(4)}
+    for k in list(table.maps.conntrack6.keys()):
+        table.maps.conntrack6.delete(k)
+    table.set_backends(key, backends6(5))
+    after = picks(200)
+    moved = sum(a != b for a, b in zip(before, after))
+    assert 0 < moved < 200 * 0.4, f"{moved} of 200 flows moved for one backend more"
+
+
+def test_an_ipv6_node_port_from_outside_is_masqueraded_to_the_nodes_ipv6_address(hook, table):
+    key = ServiceKey("fd00:96::50", PORT, 6)
+    table.put(LbService(key=key, cluster=(Backend(BACKEND, BPORT),), has_endpoints=True,
+                        frontends=(Frontend(ServiceKey(NODE6, 30080, 6), Kind.NODE_PORT),)))
+    table.set_config(DatapathConfig(snat_addrs=("10.0.0.1", NODE6), cluster_cidrs=("fd00:10::/32",),
+                                    service_cidrs=CONFIG.service_cidrs))
+    outside = "2001:db8:99::7"
+    verdict, out = hook.run(eth(IPv6(src=outside, dst=NODE6) / TCP(sport=41000, dport=30080, flags="S")))
+    assert verdict == hook.translated
+    p = assert_checksums6(out)
+    assert (p[IPv6].src, p[IPv6].dst, p[TCP].dport) == (NODE6, BACKEND, BPORT)
+    verdict, out = hook.run(eth(IPv6(src=BACKEND, dst=NODE6) / TCP(sport=BPORT, dport=p[TCP].sport, flags="SA")))
+    p = assert_checksums6(out)
+    assert (p[IPv6].src, p[TCP].sport, p[IPv6].dst, p[TCP].dport) == (NODE6, 30080, outside, 41000)
+
+
+def test_ipv6_source_ranges_admit_only_their_clients(hook, table):
+    lb = "2001:db8::80"
+    table.put(LbService(key=ServiceKey("fd00:96::60", PORT, 6), cluster=(Backend(BACKEND, BPORT),),
+                        has_endpoints=True, frontends=(Frontend(ServiceKey(lb, PORT, 6), Kind.LOAD_BALANCER),),
+                        source_ranges=("2001:db8:aa::/48",)))
+    inside = eth(IPv6(src="2001:db8:aa:1::9", dst=lb) / TCP(sport=42000, dport=PORT, flags="S"))
+    outside = eth(IPv6(src="2001:db8:bb::9", dst=lb) / TCP(sport=42001, dport=PORT, flags="S"))
+    verdict, out = hook.run(inside)
+    assert verdict == hook.translated and Ether(out)[IPv6].dst == BACKEND
+    verdict, _ = hook.run(outside)
+    assert verdict == hook.dropped
+
+
+def test_ipv6_session_affinity_keeps_a_client_on_its_backend(hook, table):
+    key = ServiceKey("fd00:96::70", PORT, 6)
+    table.put(LbService(key=key, cluster=backends6(8), has_endpoints=True, affinity_s=300))
+    dsts = set()
+    for sport in range(43000, 43030):
+        verdict, out = hook.run(fwd(sport=sport, dst=key.vip))
+        assert verdict == hook.translated
+        dsts.add(Ether(out)[IPv6].dst)
+    assert len(dsts) == 1
+    (entry,) = [v for k, v in table.maps.affinity6.items()]
+    assert c_to_ip6(entry.addr) in dsts

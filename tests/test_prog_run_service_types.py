@@ -31,7 +31,7 @@ KEY = ServiceKey(CIP, PORT, 6)
 FRONTENDS = (Frontend(ServiceKey(NODE_IP, NODE_PORT, 6), Kind.NODE_PORT),
              Frontend(ServiceKey(EXT_IP, PORT, 6), Kind.EXTERNAL_IP),
              Frontend(ServiceKey(LB_IP, PORT, 6), Kind.LOAD_BALANCER))
-CONFIG = DatapathConfig(snat_addr=NODE_IP, cluster_cidr="10.0.0.0/16", service_cidrs=("10.96.0.0/16",))
+CONFIG = DatapathConfig(snat_addrs=(NODE_IP,), cluster_cidrs=("10.0.0.0/16",), service_cidrs=("10.96.0.0/16",))
 
 
 @pytest.fixture
@@ -145,7 +145,7 @@ def test_cluster_ip_masquerades_only_clients_outside_the_cluster(hook, table):
     table.put(svc())
     assert forwarded(hook, CIP, PORT, POD)[0] == POD
     assert forwarded(hook, CIP, PORT, OUTSIDE)[0] == NODE_IP
-    table.set_config(DatapathConfig(snat_addr=NODE_IP, cluster_cidr="10.0.0.0/16", masquerade_all=True))
+    table.set_config(DatapathConfig(snat_addrs=(NODE_IP,), cluster_cidrs=("10.0.0.0/16",), masquerade_all=True))
     assert forwarded(hook, CIP, PORT, POD)[0] == NODE_IP
 
 

@@ -328,7 +328,7 @@ for ip in sys.argv[1:]:
 '''
     with Maps.open(host.pin_dir) as maps:
         table = ServiceTable(maps)
-        table.set_config(DatapathConfig(snat_addr="10.201.0.99", node_addr=node_ip))
+        table.set_config(DatapathConfig(snat_addrs=("10.201.0.99",), node_addrs=(node_ip,)))
         try:
             assert host.run(code, lb_ip, "10.250.100.10") == ["connected", "ETIMEDOUT"]
         finally:

@@ -169,7 +169,7 @@ def test_an_ipv6_first_node_is_served_and_a_node_going_away_drains_healthz(api, 
     # (Leading-zero addresses: the v1.37 API server refuses them in new objects; the
     # decoder's lenient parsing of old ones is tested in test_decode.py.)
     wait(lambda: len(programmed(ctl, ServiceKey(ok["spec"]["clusterIP"], 80, 6))) == 3, 10, "ok programmed")
-    wait(lambda: ctl.programmer.table.read_config().snat_addr == NODE_IP, 10, "IPv4 InternalIP used")
+    wait(lambda: ctl.programmer.table.read_config().snat_addrs == (NODE_IP,), 10, "IPv4 InternalIP used")
     assert ctl.runner.failures == 0 and ctl.health.answer("/healthz")[0] == 200
     core.patch_node("lab-node", {"spec": {"taints": [{"key": TO_BE_DELETED_TAINT, "effect": "NoSchedule"}]}})
     try:
@@ -194,11 +194,11 @@ def test_detect_local_node_cidr_takes_the_nodes_pod_cidr(cp, api, lab, ns):
     compile_datapath(lab.pin_dir)
     maps = Maps.open(lab.pin_dir)
     ctl = Controller(api, maps, ControllerConfig(node_name="lab-node", reconcile_period=1.0, full_sync_period=1.0,
-                                                 cluster_cidr="10.0.0.0/8",
+                                                 cluster_cidrs=("10.0.0.0/8",),
                                                  detect_local_node_cidr=True, healthcheck_servers=False))
     ctl.start()
     try:
-        wait(lambda: ctl.programmer.table.read_config().cluster_cidr == want, 15, f"detect-local {want}")
+        wait(lambda: ctl.programmer.table.read_config().cluster_cidrs == (want,), 15, f"detect-local {want}")
     finally:
         ctl.stop()
         maps.close()
