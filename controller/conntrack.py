@@ -19,12 +19,21 @@ import socket
 from typing import Iterable
 
 from kxlb.loader import conntrack
-from kxlb.loader.layout import Backend, ServiceKey, ip_to_raw, port_to_raw
+from kxlb.loader.layout import Backend, Family, ServiceKey, family_of, port_to_raw
 from kxlb.loader.maps import Maps
 from kxlb.loader.svcspec import Kind, LbService
 
 UDP = socket.IPPROTO_UDP
-_Raw = tuple[int, int]  # (address, port) as the map stores them
+_Raw = tuple[int | bytes, int]  # (address, port) as the map stores them (an IPv6 address's bytes)
+
+
+def _field(addr) -> int | bytes:
+    """An address field of either family's ct_entry as a hashable raw value."""
+    return addr if isinstance(addr, int) else bytes(addr)
+
+
+def _raw(addr: str, port: int) -> _Raw:
+    return _field(family_of(addr).addr_c(addr)), port_to_raw(port)
 
 
 def serving_by_frontend(ports: Iterable[tuple[LbService, frozenset[Backend]]]) -> dict[_Raw, frozenset[_Raw]]:
@@ -33,24 +42,25 @@ def serving_by_frontend(ports: Iterable[tuple[LbService, frozenset[Backend]]]) -
     for spec, serving in ports:
         if spec.key.proto != UDP:
             continue
-        raw = frozenset((ip_to_raw(b.addr), port_to_raw(b.port)) for b in serving)
+        raw = frozenset(_raw(b.addr, b.port) for b in serving)
         for fe in spec.all_frontends:
             if fe.kind is Kind.NODE_PORT and not raw:
                 continue  # kube-proxy: NodePorts only judged while the port has serving endpoints
-            out[(ip_to_raw(fe.key.vip), port_to_raw(fe.key.port))] = raw
+            out[_raw(fe.key.vip, fe.key.port)] = raw
     return out
 
 
-def clean_stale_udp_flows(maps: Maps, serving: dict[_Raw, frozenset[_Raw]]) -> int:
-    """Delete both entries of every stale UDP flow; returns the entries deleted."""
+def clean_stale_udp_flows(maps: Maps, serving: dict[_Raw, frozenset[_Raw]], fam: Family) -> int:
+    """Delete both entries of every stale UDP flow of one family; returns the entries
+    deleted."""
     if not serving:
         return 0
     deleted = 0
-    for k, e in maps.conntrack.items():
+    for k, e in conntrack.conntrack_map(maps, fam).items():
         if k.proto != UDP or k.dir != conntrack.FWD:
             continue
-        allowed = serving.get((e.front_addr, e.front_port))
-        if allowed is None or (e.backend_addr, e.backend_port) in allowed:
+        allowed = serving.get((_field(e.front_addr), e.front_port))
+        if allowed is None or (_field(e.backend_addr), e.backend_port) in allowed:
             continue
         deleted += conntrack.delete_flow(maps, conntrack.Flow.of(k, e))
     return deleted

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from kxlb.loader.errors import KxlbError
-from kxlb.loader.layout import C
+from kxlb.loader.layout import C, FAMILIES, V4, V6
 from kxlb.loader.maps import Maps
 from kxlb.loader.services import DatapathConfig
 
@@ -46,14 +46,14 @@ class ControllerConfig:
     reconcile_period: float = 30.0   # a run at least this often (kube-proxy's syncPeriod: 30 s)
     full_sync_period: float = 3600.0  # full resync + drift repair (kube-proxy's FullSyncPeriod: 1 h)
     timing: WatchTiming | None = None
-    cluster_cidr: str | None = None  # clients outside it are masqueraded (kube-proxy --cluster-cidr)
-    masquerade_address: str | None = None  # default: the Node's InternalIP
+    cluster_cidrs: tuple[str, ...] = ()  # one per family: clients outside are masqueraded (--cluster-cidr)
+    masquerade_address: str | None = None  # default: the Node's InternalIP (of each family)
     masquerade_all: bool = False     # masquerade every new flow to a cluster IP (--masquerade-all)
     nodeport_addresses: tuple[str, ...] = ()  # CIDRs; empty: kube-proxy's "primary" (the InternalIPs)
     netns: str | None = None         # where the node's interfaces are (for --nodeport-addresses CIDRs)
     healthcheck_servers: bool = True  # serve healthCheckNodePorts
     retry_initial: float = 1.0       # first retry after a failed sync (then doubling)
-    detect_local_node_cidr: bool = False  # pods = the Node's podCIDR, not cluster_cidr (NodeCIDR mode)
+    detect_local_node_cidr: bool = False  # pods = the Node's podCIDRs, not cluster_cidrs (NodeCIDR mode)
     maglev_table_size: int = 16381   # largest Maglev table (prime; loader/maglev.py sizes smaller sets)
 
 
@@ -84,12 +84,13 @@ class Controller:
         self._triggers: dict[str, float] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._node_ip: str | None = None
+        self._node_ip: str | None = None       # primary IPv4 InternalIP
+        self._node_ip6: str | None = None      # primary IPv6 InternalIP
         self._node_ips: tuple[str, ...] = ()
         self._node_zone: str | None = None
-        self._node_pod_cidr: str | None = None
+        self._node_pod_cidrs: tuple[str, ...] = ()
         self._node_ctx: NodeContext | None = None
-        self._service_cidrs: dict[str, tuple[str, ...]] = {}   # ServiceCIDR name -> its IPv4 CIDRs
+        self._service_cidrs: dict[str, tuple[str, ...]] = {}   # ServiceCIDR name -> its CIDRs
         self._dp_config: DatapathConfig | None = None  # what the config map holds
         self._src_ports: tuple[int, int] | tuple[()] | None = None  # masquerade ports, read once
         self._node_dirty = False
@@ -105,7 +106,9 @@ class Controller:
         self.metrics.last_queued.set_function(lambda: self._last_queued)
         self.metrics.service_changes_pending.set_function(lambda: len(self._dirty))
         self.metrics.endpoint_changes_pending.set_function(lambda: self._slice_changes)
-        self.metrics.endpoints_programmed.set_function(lambda: self.programmer.table.slots_used)
+        for fam in FAMILIES:
+            self.metrics.endpoints_programmed.labels(fam.name).set_function(
+                lambda fam=fam: self.programmer.table.slots_used_by(fam))
         self._next_full = 0.0
         self._started = time.time()      # network-programming latency: only changes after this
         self.health = ProxyHealth(2 * config.reconcile_period)
@@ -120,7 +123,7 @@ class Controller:
         # Connected UDP sockets of host-network processes to endpoints that left
         # (controller/socks.py), destroyed beside the UDP conntrack cleanup.
         self.udp_sockets = UdpSocketReaper(maps.pin_dir, config.netns, self.metrics.registry)
-        for cap_map in ("services", "backends", "conntrack"):
+        for cap_map in ("services", "backends", "conntrack", "services6", "backends6", "conntrack6"):
             self.metrics.map_capacity.labels(cap_map).set(getattr(maps, cap_map).max_entries)
 
     def _informers(self, api_client) -> list[Informer]:
@@ -197,19 +200,20 @@ class Controller:
             self._skip(exc, obj)
             return
         with self._lock:
-            cidr_changed, self._node_pod_cidr = node.pod_cidr != self._node_pod_cidr, node.pod_cidr
+            cidr_changed, self._node_pod_cidrs = node.pod_cidrs != self._node_pod_cidrs, node.pod_cidrs
             if (node.ips, node.zone) == (self._node_ips, self._node_zone):
                 if cidr_changed and self.config.detect_local_node_cidr:
                     self._queued()  # the datapath config follows in the next sync
                 return
             log.info("node %s: InternalIPs %s, zone %s", node.name, ", ".join(node.ips) or "(none)", node.zone)
             self._node_ips, self._node_zone = node.ips, node.zone
-            self._node_ip = node.ips[0] if node.ips else None
+            self._node_ip, self._node_ip6 = node.first_ip(4), node.first_ip(6)
             self._node_dirty = True  # NodePort addresses and topology: every service again
         self._queued()
 
     def on_service_cidr(self, typ: str, key: str, obj: dict) -> None:
-        cidrs = () if typ == DELETED else tuple(c for c in (obj.get("spec") or {}).get("cidrs") or () if ":" not in c)
+        cidrs = () if typ == DELETED else tuple(c for c in (obj.get("spec") or {}).get("cidrs") or ()
+                                                if isinstance(c, str))
         with self._lock:
             if cidrs:
                 self._service_cidrs[key] = cidrs
@@ -233,7 +237,7 @@ class Controller:
         else:
             addrs = self._node_ips
         return NodeContext(name=self.config.node_name, zone=self._node_zone, nodeport_addresses=addrs,
-                           ip=self._node_ip)
+                           ip=self._node_ip, ip6=self._node_ip6)
 
     def _skip(self, exc: DecodeError, obj: dict) -> None:
         log.error("skipping %s", exc)
@@ -353,7 +357,9 @@ class Controller:
             if t >= self._started:  # kube-proxy's start-time filter: no stale samples after a restart
                 self.metrics.network_programming.observe(max(0.0, now - t))
         cur = self.programmer.current
-        self.metrics.services_programmed.set(len(cur))
+        v6 = sum(1 for k in cur if ":" in k.vip)
+        self.metrics.services_programmed.labels("IPv4").set(len(cur) - v6)
+        self.metrics.services_programmed.labels("IPv6").set(v6)
         self.syncs += 1
         if res.changed:
             log.info("%s sync: %d added, %d updated, %d deleted in %.1f ms", "full" if full else "partial",
@@ -391,15 +397,16 @@ class Controller:
         if not self._udp_serving or not (full or self._udp_changed):
             return
         self._udp_changed = False
-        t0 = time.perf_counter()
         cur = self.programmer.current
         ports = [(cur[k].spec, serving) for k, serving in self._udp_serving.items() if k in cur]
         serving = serving_by_frontend(ports)
-        n = clean_stale_udp_flows(self.maps, serving)
-        self.metrics.conntrack_reconcile.observe(time.perf_counter() - t0)
-        if n:
-            self.metrics.udp_flows_flushed.inc(n)
-            log.info("deleted %d conntrack entries of UDP flows to endpoints no longer serving", n)
+        for fam in FAMILIES:
+            t0 = time.perf_counter()
+            n = clean_stale_udp_flows(self.maps, serving, fam)
+            self.metrics.conntrack_reconcile.labels(fam.name).observe(time.perf_counter() - t0)
+            if n:
+                self.metrics.udp_flows_flushed.labels(fam.name).inc(n)
+                log.info("deleted %d %s conntrack entries of UDP flows to endpoints no longer serving", n, fam.name)
         n = self.udp_sockets.reap_logged(serving)
         if n:
             log.info("destroyed %d connected UDP sockets of host processes to endpoints no longer serving", n)
@@ -417,27 +424,33 @@ class Controller:
     def _apply_config(self) -> None:
         with self._lock:
             cidrs = tuple(sorted({c for cs in self._service_cidrs.values() for c in cs}))
-        local = self._node_pod_cidr if self.config.detect_local_node_cidr else self.config.cluster_cidr
+        local = self._node_pod_cidrs if self.config.detect_local_node_cidr else self.config.cluster_cidrs
         if self._src_ports is None:
             try:
                 self._src_ports = masquerade_port_range(self.config.netns)
             except (OSError, ValueError) as exc:
                 log.error("masquerade source ports: %s; using the datapath's default range", exc)
                 self._src_ports = ()
-        want = DatapathConfig(snat_addr=self.config.masquerade_address or self._node_ip,
-                              cluster_cidr=local, service_cidrs=cidrs[:C["MAX_SVC_CIDRS"]],
+        node_addrs = tuple(a for a in (self._node_ip, self._node_ip6) if a)
+        masq = self.config.masquerade_address
+        snat = tuple(a for a in node_addrs if not masq or (":" in a) != (":" in masq)) + ((masq,) if masq else ())
+        kept: list[str] = []
+        for six in (False, True):
+            mine = [c for c in cidrs if (":" in c) == six]
+            if len(mine) > C["MAX_SVC_CIDRS"]:
+                log.error("%d IPv%d service CIDRs, the datapath knows the first %d: %s", len(mine), 6 if six else 4,
+                          C["MAX_SVC_CIDRS"], ", ".join(mine))
+            kept += mine[:C["MAX_SVC_CIDRS"]]
+        want = DatapathConfig(snat_addrs=snat, cluster_cidrs=tuple(local), service_cidrs=tuple(kept),
                               masquerade_all=self.config.masquerade_all, src_ports=self._src_ports or None,
-                              node_addr=self._node_ip)
+                              node_addrs=node_addrs)
         if want == self._dp_config:
             return
-        if len(cidrs) > C["MAX_SVC_CIDRS"]:
-            log.error("%d IPv4 service CIDRs, the datapath knows the first %d: %s", len(cidrs), C["MAX_SVC_CIDRS"],
-                      ", ".join(cidrs))
         self.programmer.table.set_config(want)
         self._dp_config = want
         log.info("datapath: masquerade to %s (hairpin%s%s); service CIDRs %s",
-                 want.snat_addr or "(nothing: no address known)",
-                 f", clients outside {want.cluster_cidr}" if want.cluster_cidr else "",
+                 " and ".join(want.snat_addrs) or "(nothing: no address known)",
+                 f", clients outside {' and '.join(want.cluster_cidrs)}" if want.cluster_cidrs else "",
                  ", all cluster IP traffic" if want.masquerade_all else "", ", ".join(cidrs) or "(none known)")
         if want.src_ports:
             log.info("datapath: masqueraded flows use source ports %d-%d (outside ip_local_port_range)", *want.src_ports)
@@ -450,9 +463,13 @@ class Controller:
         repaired = self.programmer.reconcile(just_read)
         if repaired:
             self.metrics.drift_repaired.inc(len(repaired))
-        self.metrics.map_entries.labels("services").set(len(self.programmer.current))
-        self.metrics.map_entries.labels("backends").set(self.programmer.table.slots_used)
-        self.metrics.map_entries.labels("conntrack").set(sum(1 for _ in self.maps.conntrack.keys()))
+        cur = self.programmer.current
+        v6 = sum(1 for k in cur if ":" in k.vip)
+        for fam, n in ((V4, len(cur) - v6), (V6, v6)):
+            self.metrics.map_entries.labels("services" + fam.suffix).set(n)
+            self.metrics.map_entries.labels("backends" + fam.suffix).set(self.programmer.table.slots_used_by(fam))
+            self.metrics.map_entries.labels("conntrack" + fam.suffix).set(
+                sum(1 for _ in fam.map(self.maps, "conntrack").keys()))
 
 
 class SyncIncomplete(Exception):

@@ -14,6 +14,16 @@ from .model import Endpoint, EndpointSlice, Service, ServicePort, SlicePort, ipv
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 
 
+def canonical_ip6(text) -> str | None:
+    """An IPv6 address in the one text form the maps give back (inet_ntop's), or None.
+    The API stores IPv6 addresses as written; two spellings of one address must be one
+    backend, and what the controller wants must compare equal to what it reads back."""
+    try:
+        return socket.inet_ntop(socket.AF_INET6, socket.inet_pton(socket.AF_INET6, text))
+    except (OSError, TypeError, ValueError):
+        return None
+
+
 def is_ip(text) -> bool:
     """IPv4 or IPv6, as the API formats them (inet_pton: C-fast, unlike ipaddress)."""
     try:
@@ -74,7 +84,7 @@ def _ip(text) -> str | None:
         pass
     if not isinstance(text, str):
         return None
-    return ipv4_sloppy(text) or (text if is_ip(text) else None)
+    return ipv4_sloppy(text) or canonical_ip6(text)
 
 
 def _ingress(lb, oid: str) -> tuple[tuple[str, str | None], ...]:
@@ -183,8 +193,11 @@ def decode_slice(obj: dict) -> EndpointSlice:
                 if addr is None:
                     raise DecodeError("EndpointSlice", oid, f"endpoints[{i}].addresses[0]",
                                       f"{addrs[0]!r} is not an IPv4 address") from None
-        elif v6 and not is_ip(addr):
-            raise DecodeError("EndpointSlice", oid, f"endpoints[{i}].addresses[0]", f"{addr!r} is not an IP address")
+        elif v6:
+            addr = canonical_ip6(addr)
+            if addr is None or "." in addr:   # an IPv4-mapped address is not an IPv6 endpoint
+                raise DecodeError("EndpointSlice", oid, f"endpoints[{i}].addresses[0]",
+                                  f"{addrs[0]!r} is not an IPv6 address")
         cond = ep.get("conditions")
         if cond:  # absent ready/serving mean true, absent terminating false (as kube-proxy)
             e = Endpoint(addr, cond.get("ready") is not False, cond.get("serving") is not False,

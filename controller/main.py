@@ -18,7 +18,7 @@ from kxlb.loader.netns import netns
 
 from .health import serve_health
 from .metrics import Metrics, serve
-from .node import ipv4_cidrs, parse_nodeport_cidrs
+from .node import one_cidr_per_family, parse_nodeport_cidrs
 
 log = logging.getLogger("kxlb.controller")
 
@@ -134,7 +134,8 @@ def run(a) -> None:
                                                     detect_local_node_cidr=a.detect_local == "NodeCIDR",
                                                     reconcile_period=a.reconcile_period,
                                                     full_sync_period=a.full_sync_period,
-                                                    cluster_cidr=ipv4_cidr_of(a.cluster_cidr, "--cluster-cidr"),
+                                                    cluster_cidrs=one_cidr_per_family(a.cluster_cidr,
+                                                                                      "--cluster-cidr"),
                                                     masquerade_address=a.masquerade_address,
                                                     masquerade_all=a.masquerade_all,
                                                     nodeport_addresses=parse_nodeport_cidrs(a.nodeport_addresses),
@@ -199,14 +200,6 @@ def bind_address(text: str, flag: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def ipv4_cidr_of(text: str | None, flag: str) -> str | None:
-    """A CIDR list as kube-proxy takes it ("v4" or "v4,v6"): the IPv4 one."""
-    v4 = ipv4_cidrs([text], flag) if text else []
-    if len(v4) > 1:
-        raise KxlbError(f"{flag} {text!r}: more than one IPv4 CIDR")
-    return v4[0] if v4 else None
-
-
 def register(sub) -> None:
     p = sub.add_parser("controller", help="watch Kubernetes and keep this node's datapath in sync",
                        description="Watch Services, EndpointSlices and this Node; keep the pinned maps exactly in "
@@ -243,10 +236,12 @@ def register(sub) -> None:
                         "checksums (docs/datapath.md, Hooks and coexistence)")
     p.add_argument("--cgroup", help="cgroup v2 directory whose processes (host network) get socket-level "
                                     "service translation (connect/sendmsg/recvmsg hooks)")
-    p.add_argument("--cluster-cidr", help="the pods' CIDR: service traffic from outside it is masqueraded "
-                                          "(as kube-proxy's --cluster-cidr); hairpin traffic always is")
-    p.add_argument("--masquerade-address", help="source address for masqueraded flows (default: the Node's "
-                                                "InternalIP)")
+    p.add_argument("--cluster-cidr", metavar="CIDR[,CIDR]",
+                   help="the pods' CIDR, one per family on a dual-stack cluster (10.244.0.0/16,fd00:10:244::/56): "
+                        "service traffic from outside it is masqueraded (as kube-proxy's --cluster-cidr); hairpin "
+                        "traffic always is")
+    p.add_argument("--masquerade-address", help="source address for masqueraded flows of its family (default: the "
+                                                "Node's InternalIP of each family)")
     p.add_argument("--masquerade-all", action="store_true", default=None,
                    help="masquerade every new flow to a cluster IP (kube-proxy's --masquerade-all)")
     p.add_argument("--detect-local-mode", dest="detect_local", choices=("ClusterCIDR", "NodeCIDR"),

@@ -45,10 +45,10 @@ class Metrics:
                                        "Service events seen", registry=r)
         self.endpoint_changes = Counter("kxlb_sync_proxy_rules_endpoint_changes_total",
                                         "EndpointSlice events seen", registry=r)
-        self.services_programmed = Gauge("kxlb_services_programmed", "Service entries (VIP:port/proto) in the maps",
-                                         registry=r)
-        self.endpoints_programmed = Gauge("kxlb_endpoints_programmed", "Backend slots of active generations",
-                                          registry=r)
+        self.services_programmed = Gauge("kxlb_services_programmed", "Service ports (VIP:port/proto) in the maps",
+                                         ["ip_family"], registry=r)
+        self.endpoints_programmed = Gauge("kxlb_endpoints_programmed", "Backend slots in the maps",
+                                          ["ip_family"], registry=r)
         self.watch_restarts = Counter("kxlb_watch_restarts_total", "Watches restarted, by resource and reason",
                                       ["resource", "reason"], registry=r)
         self.no_local_endpoints = Gauge(
@@ -61,12 +61,13 @@ class Metrics:
                                       "Services found altered in the maps and rewritten", registry=r)
         self.objects_skipped = Counter("kxlb_objects_skipped_total", "Objects or ports skipped as invalid",
                                        ["kind"], registry=r)
+        # Labelled by family as kube-proxy's (a dual-stack kube-proxy runs one proxier each).
         self.udp_flows_flushed = Counter("kxlb_conntrack_reconciler_deleted_entries_total",
                                          "Conntrack entries of UDP flows to endpoints no longer serving, deleted",
-                                         ["ip_family"], registry=r).labels("IPv4")
+                                         ["ip_family"], registry=r)
         self.conntrack_reconcile = Histogram("kxlb_conntrack_reconciler_sync_duration_seconds",
                                              "Time of one UDP conntrack cleanup pass", ["ip_family"], registry=r,
-                                             buckets=SYNC_BUCKETS).labels("IPv4")
+                                             buckets=SYNC_BUCKETS)
         self.ready = threading.Event()
 
     def render(self) -> bytes:

@@ -15,7 +15,7 @@ from typing import NamedTuple
 from kxlb.loader.layout import PROTOS, Backend, ServiceKey
 from kxlb.loader.svcspec import Frontend, Kind, LbService
 
-IPV4 = "IPv4"
+IPV4, IPV6 = "IPv4", "IPv6"   # EndpointSlice addressType, and the families of a dual-stack Service
 LOCAL = "Local"
 
 
@@ -90,8 +90,12 @@ class NodeContext:
 
     name: str                           # endpoints with this nodeName are local
     zone: str | None = None             # label topology.kubernetes.io/zone
-    nodeport_addresses: tuple[str, ...] = ()   # IPv4 addresses NodePorts listen on
+    nodeport_addresses: tuple[str, ...] = ()   # addresses (both families) NodePorts listen on
     ip: str | None = None               # primary IPv4 (allowFromNode on source ranges)
+    ip6: str | None = None              # primary IPv6 (the same for IPv6 service ports)
+
+    def ip_of(self, family: str) -> str | None:
+        return self.ip6 if family == IPV6 else self.ip
 
 
 def _no_local() -> dict[str, int]:
@@ -125,6 +129,11 @@ def _is_ipv4(ip: str) -> bool:
         return False
 
 
+def family_of(ip: str) -> str:
+    """IPV4 or IPV6 of an address the decoder has already validated."""
+    return IPV6 if ":" in ip else IPV4
+
+
 _DOTTED = re.compile(r"([0-9]+)\.([0-9]+)\.([0-9]+)\.([0-9]+)")
 _V4_MAPPED = bytes(10) + b"\xff\xff"
 
@@ -149,33 +158,36 @@ def ipv4_sloppy(text: str) -> str | None:
     return socket.inet_ntoa(raw[12:]) if raw[:12] == _V4_MAPPED else None
 
 
-def _cidr_sloppy(text: str) -> ipaddress.IPv4Network | bool:
-    """ParseCIDRSloppy: the IPv4 network (host bits cleared), True for a valid IPv6
-    CIDR (the other proxy's), False for garbage."""
+def _cidr_sloppy(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    """ParseCIDRSloppy: the network (host bits cleared), None for garbage. An IPv4-mapped
+    IPv6 address with a prefix length of 96 or more is IPv4 to Go, as ipv4_sloppy."""
     addr, slash, bits = text.partition("/")
     # a prefix length is plain decimal digits (Go's dtoi gives up at 0xFFFFFF)
     if not (slash and bits.isascii() and bits.isdigit() and len(bits) <= 7):
-        return False
+        return None
     n = int(bits)
     if ":" in addr:
         try:
             ipaddress.IPv6Address(addr)
         except ValueError:
-            return False
-        return n <= 128
+            return None
+        return ipaddress.IPv6Network((addr, n), strict=False) if n <= 128 else None
     ip = addr if _is_ipv4(addr) else ipv4_sloppy(addr)
-    return ip is not None and n <= 32 and ipaddress.IPv4Network((ip, n), strict=False)
+    return ipaddress.IPv4Network((ip, n), strict=False) if ip is not None and n <= 32 else None
 
 
 # --- endpoints ------------------------------------------------------------------------
 
 def _addr_order(item: tuple[Backend, Endpoint]) -> tuple[bytes, int]:
-    return socket.inet_aton(item[0].addr), item[0].port
+    addr = item[0].addr
+    return socket.inet_pton(socket.AF_INET6 if ":" in addr else socket.AF_INET, addr), item[0].port
 
 
-def merged_endpoints(name: str | None, protocol: str, slices: list[EndpointSlice]) -> list[tuple[Backend, Endpoint]]:
-    """Every IPv4 endpoint of one slice port (name, protocol) over all slices, as
-    kube-proxy's endpointInfoByServicePort/addEndpoints merge them, sorted by address.
+def merged_endpoints(name: str | None, protocol: str, slices: list[EndpointSlice],
+                     family: str = IPV4) -> list[tuple[Backend, Endpoint]]:
+    """Every endpoint of one family of one slice port (name, protocol) over all slices
+    (of that addressType), as kube-proxy's endpointInfoByServicePort/addEndpoints merge
+    them, sorted by address.
 
     Slice ports match by name (a named targetPort resolves per slice); the same ip:port
     in two slices: the later one wins unless it is terminating (so a running pod beats a
@@ -183,7 +195,7 @@ def merged_endpoints(name: str | None, protocol: str, slices: list[EndpointSlice
     out the same way, so the flow hash picks the same backend everywhere."""
     seen: dict[Backend, Endpoint] = {}
     for s in slices:
-        if s.address_type != IPV4:
+        if s.address_type != family:
             continue
         for sp in s.ports:
             if sp.name != name or sp.protocol != protocol or not sp.port:
@@ -248,30 +260,35 @@ def categorize(eps: list[tuple[Backend, Endpoint]], uses_cluster: bool, uses_loc
     return cluster, local, has_any
 
 
-def _local_ready_ips(slices: list[EndpointSlice], node_name: str) -> int:
+def _local_ready_ips(slices: list[EndpointSlice], node_name: str, family: str) -> int:
     """LocalReadyEndpoints: unique IPs of local ready endpoints over every port the
-    slices carry (whether or not the Service defines it); what the health check reports."""
+    slices (of the family) carry, whether or not the Service defines it; what the health
+    check reports."""
     if not node_name:
         return 0
-    ports = {(sp.name, sp.protocol) for s in slices if s.address_type == IPV4
+    ports = {(sp.name, sp.protocol) for s in slices if s.address_type == family
              for sp in s.ports if sp.name is not None and sp.port}
-    return len({b.addr for name, proto in ports for b, ep in merged_endpoints(name, proto, slices)
+    return len({b.addr for name, proto in ports for b, ep in merged_endpoints(name, proto, slices, family)
                 if ep.ready and ep.node == node_name})
 
 
 # --- services -------------------------------------------------------------------------
 
-def _source_ranges(svc: Service, lb_ips: list[str], node: NodeContext, out: Desired) -> tuple[str, ...]:
-    """loadBalancerSourceRanges as the nftables proxier's firewall chain uses them."""
+def _source_ranges(svc: Service, lb_ips: list[str], node: NodeContext, out: Desired,
+                   family: str, report: bool) -> tuple[str, ...]:
+    """loadBalancerSourceRanges of one family as that family's nftables proxier's
+    firewall chain uses them (the field lists both families' ranges). ``report``: say
+    which entries are garbage (once per Service, not per family)."""
+    version = 6 if family == IPV6 else 4
     nets = []
     for i, raw in enumerate(svc.lb_source_ranges):
         text = raw.strip()   # validation lets whitespace padding through
         net = _cidr_sloppy(text)
-        if net is False:
-            if text:   # empty entries are ignored silently, as kube-proxy does
+        if net is None:
+            if text and report:   # empty entries are ignored silently, as kube-proxy does
                 out.skipped.append(f"Service {svc.id}: spec.loadBalancerSourceRanges[{i}] {raw!r} "
                                    "is not a CIDR; ignored")
-        elif net is not True:   # True: an IPv6 range, not this family's
+        elif net.version == version:   # the other family's ranges are its proxier's
             nets.append(net)
     # A /0 means "allow any", the same as no ranges (serviceport.go IsZeroCIDR); and the
     # firewall only ever guards load-balancer IPs.
@@ -280,15 +297,16 @@ def _source_ranges(svc: Service, lb_ips: list[str], node: NodeContext, out: Desi
     ranges = [str(n) for n in nets]
     # allowFromNode: a VIP bound locally makes the node's own requests loop back with the
     # VIP as source, so the VIPs themselves must pass when the node is allowed.
-    if node.ip and _is_ipv4(node.ip):
-        me = ipaddress.IPv4Address(node.ip)
-        if any(me in n for n in nets):
-            ranges += [f"{ip}/32" for ip in lb_ips]
+    me = node.ip_of(family)
+    if me and family_of(me) == family:
+        addr = ipaddress.ip_address(me)
+        if any(addr in n for n in nets):
+            ranges += [f"{ip}/{8 * len(addr.packed)}" for ip in lb_ips]
     return tuple(ranges)
 
 
 def _frontends(key: ServiceKey, port: ServicePort, lb_ips: list[str], ext_ips: list[str],
-               node: NodeContext) -> tuple[Frontend, ...]:
+               nodeport_addrs: list[str]) -> tuple[Frontend, ...]:
     """The ways in besides the cluster IP, one per address:port. A load-balancer IP wins
     over an equal externalIP (it alone is subject to source ranges), either over a
     NodePort on the same address; kube-proxy programs a NodePort whenever one is
@@ -296,7 +314,7 @@ def _frontends(key: ServiceKey, port: ServicePort, lb_ips: list[str], ext_ips: l
     seen = {key}
     out = []
     for kind, addrs, p in ((Kind.LOAD_BALANCER, lb_ips, port.port), (Kind.EXTERNAL_IP, ext_ips, port.port),
-                           (Kind.NODE_PORT, node.nodeport_addresses if port.node_port else (), port.node_port)):
+                           (Kind.NODE_PORT, nodeport_addrs if port.node_port else (), port.node_port)):
         for addr in addrs:
             fk = ServiceKey(addr, p, key.proto)
             if fk not in seen:
@@ -306,46 +324,58 @@ def _frontends(key: ServiceKey, port: ServicePort, lb_ips: list[str], ext_ips: l
 
 
 def service_entries(svc: Service, slices: list[EndpointSlice], out: Desired, node: NodeContext) -> None:
-    """Add one Service's service ports (IPv4 cluster IP x every port) to ``out``."""
+    """Add one Service's service ports to ``out``: every port on each of its cluster IPs
+    (one per family: a dual-stack Service has two), as kube-proxy's two proxiers of a
+    dual-stack node each program their family's."""
     if svc.type == "ExternalName" or svc.headless:
         return
     # GetClusterIPByFamily: one cluster IP per family (the API allows no more)
+    vips: dict[str, str] = {}
     for vip in svc.cluster_ips:
-        if _is_ipv4(vip):
-            break
-    else:
-        return  # IPv6-only: the IPv6 proxy's business
+        vips.setdefault(family_of(vip), vip)
+    for i, (family, vip) in enumerate(vips.items()):
+        _family_entries(svc, family, vip, slices, out, node, first=i == 0)
+
+
+def _family_entries(svc: Service, family: str, vip: str, slices: list[EndpointSlice], out: Desired,
+                    node: NodeContext, first: bool) -> None:
+    """One family's service ports of a Service (its cluster IP of that family x every
+    port), with only that family's externalIPs, load-balancer IPs, NodePort addresses,
+    source ranges and EndpointSlices."""
     sid = svc.id
-    ext_ips = [ip for ip in svc.external_ips if _is_ipv4(ip)]
+    ext_ips = [ip for ip in svc.external_ips if family_of(ip) == family]
     # IsVIPMode: no ipMode means VIP; "Proxy" load balancers deliver to the node themselves
-    lb_ips = [ip for ip, mode in svc.lb_ingress if mode in (None, "VIP") and _is_ipv4(ip)]
-    ranges = _source_ranges(svc, lb_ips, node, out) if svc.lb_source_ranges else ()
+    lb_ips = [ip for ip, mode in svc.lb_ingress if mode in (None, "VIP") and family_of(ip) == family]
+    ranges = _source_ranges(svc, lb_ips, node, out, family, first) if svc.lb_source_ranges else ()
     # apiservice.ExternalPolicyLocal goes by type (externalIPs count, in any family, only
     # for ClusterIP); the per-port ExternallyAccessible below goes by what exists.
     external_policy_local = svc.external_traffic_policy == LOCAL and (
         svc.type in ("NodePort", "LoadBalancer") or (svc.type == "ClusterIP" and bool(svc.external_ips)))
     internal_policy_local = svc.internal_traffic_policy == LOCAL
     affinity = svc.affinity_timeout if svc.session_affinity == "ClientIP" else 0
+    nodeport_addrs = [a for a in node.nodeport_addresses if family_of(a) == family]
 
     for port in svc.ports:
         proto = PROTOS.get(port.protocol.lower())
         if proto is None:
-            out.skipped.append(f"Service {sid}: spec.ports[{port.name or port.port}].protocol "
-                               f"{port.protocol} is not supported (TCP, UDP)")
+            if first:
+                out.skipped.append(f"Service {sid}: spec.ports[{port.name or port.port}].protocol "
+                                   f"{port.protocol} is not supported (TCP, UDP)")
             continue
         key = ServiceKey(vip, port.port, proto)
-        frontends = _frontends(key, port, lb_ips, ext_ips, node) if lb_ips or ext_ips or port.node_port else ()
+        frontends = _frontends(key, port, lb_ips, ext_ips, nodeport_addrs) \
+            if lb_ips or ext_ips or port.node_port else ()
         # serviceport.go: ExternallyAccessible, UsesClusterEndpoints, UsesLocalEndpoints.
         # Cluster endpoints serve eTP Local too: pods and the node short-circuit to them.
         externally_accessible = bool(port.node_port or lb_ips or ext_ips)
         uses_cluster = not internal_policy_local or externally_accessible
         uses_local = internal_policy_local or (external_policy_local and externally_accessible)
-        eps = merged_endpoints(port.name, port.protocol, slices)
+        eps = merged_endpoints(port.name, port.protocol, slices, family)
         cluster, local, has_any = categorize(eps, uses_cluster, uses_local, node)
         if has_any:   # nftables proxier: hasInternalEndpoints / hasExternalEndpoints false
             out.no_local["internal"] += int(internal_policy_local and not local)
             out.no_local["external"] += int(external_policy_local and not local)
-        name = f"{sid}:{port.name or port.port}"
+        name = f"{sid}:{port.name or port.port}" + ("/IPv6" if family == IPV6 else "")
         out.services[key] = LbService(
             key=key, cluster=cluster, local=local, frontends=frontends,
             internal_local=internal_policy_local,
@@ -357,9 +387,11 @@ def service_entries(svc: Service, slices: list[EndpointSlice], out: Desired, nod
             out.udp_serving[key] = frozenset(b for b, ep in eps if ep.serving)
 
     # NeedsHealthCheck: LoadBalancer with eTP Local, served when the port was allocated.
-    if (svc.type == "LoadBalancer" and external_policy_local and svc.health_check_node_port
+    # One server per Service (on the node's healthCheckNodePort), reporting the primary
+    # family's local endpoints: a dual-stack pod has one address of each.
+    if (first and svc.type == "LoadBalancer" and external_policy_local and svc.health_check_node_port
             and svc.ports):
-        out.health_checks[sid] = (svc.health_check_node_port, _local_ready_ips(slices, node.name))
+        out.health_checks[sid] = (svc.health_check_node_port, _local_ready_ips(slices, node.name, family))
 
 
 def desired_state(services: dict[str, Service], slices: dict[str, EndpointSlice], node: NodeContext) -> Desired:

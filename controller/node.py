@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from kxlb.loader.errors import KxlbError
 
-from .decode import DecodeError, is_ip
+from .decode import DecodeError, canonical_ip6, is_ip
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 
@@ -16,9 +16,13 @@ ZONE_LABEL = "topology.kubernetes.io/zone"
 @dataclass(frozen=True)
 class NodeInfo:
     name: str
-    ips: tuple[str, ...]       # IPv4 InternalIPs, in the Node's order
+    ips: tuple[str, ...]       # InternalIPs of both families, in the Node's order
     zone: str | None
-    pod_cidr: str | None = None  # the IPv4 entry of spec.podCIDRs (detect-local NodeCIDR)
+    pod_cidrs: tuple[str, ...] = ()  # spec.podCIDRs, one per family (detect-local NodeCIDR)
+
+    def first_ip(self, version: int) -> str | None:
+        """The primary InternalIP of a family (kube-proxy's node IP of that proxier)."""
+        return next((a for a in self.ips if (":" in a) == (version == 6)), None)
 
 
 def decode_node(obj: dict) -> NodeInfo:
@@ -29,57 +33,75 @@ def decode_node(obj: dict) -> NodeInfo:
         if a.get("type") != "InternalIP":
             continue
         addr = a.get("address")
+        addr = canonical_ip6(addr) if isinstance(addr, str) and ":" in addr else addr
         if not is_ip(addr):
-            raise DecodeError("Node", name, f"status.addresses[{i}].address", f"{addr!r} is not an IP address")
-        if ":" not in addr:  # an IPv6 InternalIP is the IPv6 proxy's business
-            ips.append(addr)
+            raise DecodeError("Node", name, f"status.addresses[{i}].address", f"{a.get('address')!r} "
+                              "is not an IP address")
+        ips.append(addr)
     spec = obj.get("spec") or {}
     cidrs = spec.get("podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else [])
-    pod_cidr = next((c for c in cidrs if isinstance(c, str) and ":" not in c), None)
-    return NodeInfo(name=name, ips=tuple(ips), zone=(md.get("labels") or {}).get(ZONE_LABEL), pod_cidr=pod_cidr)
+    pod_cidrs = []
+    for version in (4, 6):
+        c = next((c for c in cidrs if isinstance(c, str) and (":" in c) == (version == 6)), None)
+        if c:
+            pod_cidrs.append(c)
+    return NodeInfo(name=name, ips=tuple(ips), zone=(md.get("labels") or {}).get(ZONE_LABEL),
+                    pod_cidrs=tuple(pod_cidrs))
 
 
-def ipv4_cidrs(items: list[str], flag: str) -> list[str]:
-    """The IPv4 CIDRs of a kube-proxy CIDR list (comma-separated and/or repeated; the IPv6
-    ones are the IPv6 datapath's business); a clear error naming ``flag`` otherwise."""
+def parse_cidrs(items: list[str], flag: str) -> list[str]:
+    """The CIDRs of a kube-proxy CIDR list (comma-separated and/or repeated, either
+    family), normalised; a clear error naming ``flag`` otherwise."""
     out = []
     for v in (v.strip() for raw in items for v in raw.split(",") if v.strip()):
         try:
             net = ipaddress.ip_network(v, strict=False)
         except ValueError:
             raise KxlbError(f"{flag}: {v!r} is not a CIDR") from None
-        if net.version == 4:
-            out.append(str(net))
+        out.append(str(net))
     return out
 
 
+def one_cidr_per_family(text: str | None, flag: str) -> tuple[str, ...]:
+    """A CIDR list as kube-proxy's --cluster-cidr takes it ("v4", "v6" or "v4,v6"):
+    at most one per family."""
+    cidrs = parse_cidrs([text], flag) if text else []
+    for version in (4, 6):
+        mine = [c for c in cidrs if ipaddress.ip_network(c).version == version]
+        if len(mine) > 1:
+            raise KxlbError(f"{flag} {text!r}: more than one IPv{version} CIDR")
+    return tuple(cidrs)
+
+
 def parse_nodeport_cidrs(values: list[str]) -> tuple[str, ...]:
-    """--nodeport-addresses: "primary" (the default) or CIDRs. Returns the IPv4 CIDRs;
-    () for primary."""
+    """--nodeport-addresses: "primary" (the default) or CIDRs of either family. Returns
+    the CIDRs; () for primary."""
     items = [v.strip() for raw in values for v in raw.split(",") if v.strip()]
     if not items or items == ["primary"]:
         return ()
     if "primary" in items:
         raise KxlbError("--nodeport-addresses: 'primary' cannot be combined with CIDRs")
-    return tuple(ipv4_cidrs(items, "--nodeport-addresses"))
+    return tuple(parse_cidrs(items, "--nodeport-addresses"))
 
 
 def nodeport_addresses(cidrs: tuple[str, ...], netns: str | None) -> tuple[str, ...]:
-    """The IPv4 addresses of the node's interfaces (in ``netns``) inside ``cidrs``, as
-    kube-proxy's --nodeport-addresses selects them."""
+    """The addresses (both families) of the node's interfaces (in ``netns``) inside
+    ``cidrs``, as kube-proxy's --nodeport-addresses selects them."""
     from pyroute2 import IPRoute
 
     from kxlb.loader.netns import netns as enter
 
-    nets = [ipaddress.IPv4Network(c) for c in cidrs]
+    nets = [ipaddress.ip_network(c) for c in cidrs]
     with enter(netns):
         ipr = IPRoute()
     try:
-        addrs = [a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(family=2)]
+        addrs = [a.get_attr("IFA_ADDRESS") for a in ipr.get_addr()]
     finally:
         ipr.close()
-    return tuple(sorted({a for a in addrs if a and any(ipaddress.IPv4Address(a) in n for n in nets)},
-                        key=lambda a: ipaddress.IPv4Address(a).packed))
+    found = {ipaddress.ip_address(a) for a in addrs if a}
+    return tuple(str(a) if a.version == 4 else canonical_ip6(str(a))
+                 for a in sorted((a for a in found if any(a.version == n.version and a in n for n in nets)),
+                                 key=lambda a: (a.version, a.packed)))
 
 
 MIN_SRC_PORTS = 1024  # fewer free ports than this and masqueraded flows would queue up

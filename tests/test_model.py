@@ -118,15 +118,49 @@ def test_no_endpoints_is_a_service_with_no_backend():
     assert (lb.key, lb.cluster, lb.local, lb.has_endpoints, lb.name) == (KEY, (), (), False, "default/web:http")
 
 
-def test_headless_external_name_ipv6_and_other_services_slices_are_ignored():
-    services = [svc("headless", ips=("None",)), svc("ext", ips=(), type_="ExternalName"),
-                svc("v6", ips=("fd00::10",))]
+def test_headless_external_name_and_other_services_slices_are_ignored():
+    services = [svc("headless", ips=("None",)), svc("ext", ips=(), type_="ExternalName")]
     assert state(services, [eps("x", service="headless", endpoints=[("10.0.0.2", READY)])]) == {}
-    dual = svc(ips=("fd00::10", "10.96.0.10"))
-    got = state([dual], [eps("a", endpoints=[("10.0.0.2", READY)]),
-                         eps("b", endpoints=[("fd00::2", READY)], atype="IPv6"),
-                         eps("c", service="other", endpoints=[("10.0.0.99", READY)])])
+    got = state([svc()], [eps("a", endpoints=[("10.0.0.2", READY)]),
+                          eps("c", service="other", endpoints=[("10.0.0.99", READY)])])
     assert got == {KEY: (B("10.0.0.2"),)}
+
+
+KEY6 = ServiceKey("fd00:96::10", 80, 6)
+NODE_DUAL = NodeContext(name="node-a", nodeport_addresses=("192.168.0.10", "fd00:192::10"), ip="192.168.0.10",
+                        ip6="fd00:192::10")
+
+
+def test_a_dual_stack_service_is_one_service_port_per_family_with_that_familys_endpoints():
+    """clusterIPs [v6, v4] (PreferDualStack with IPv6 primary): both families served,
+    each from the EndpointSlices of its addressType only."""
+    dual = svc(ips=("fd00:96::10", "10.96.0.10"), ipFamilyPolicy="PreferDualStack")
+    got = state([dual], [eps("a", endpoints=[("10.0.0.2", READY)]),
+                         eps("b", endpoints=[("fd00:244::2", READY), ("FD00:244:0::1", READY)], atype="IPv6")])
+    # the IPv6 address comes out in the one canonical form the maps give back
+    assert got == {KEY: (B("10.0.0.2"),), KEY6: (B("fd00:244::1"), B("fd00:244::2"))}
+    d = desired([dual], [], NODE_DUAL)
+    assert d.owners == {KEY: "default/web:http", KEY6: "default/web:http/IPv6"}
+
+
+def test_an_ipv6_only_service_gets_ipv6_frontends_ranges_and_node_ports_only():
+    s = svc(ips=("fd00:96::10",), type_="LoadBalancer", node_ports=(30080,),
+            externalIPs=["203.0.113.7", "2001:db8::7"], loadBalancerSourceRanges=["192.168.0.0/24", "fd00:192::/64"],
+            status={"loadBalancer": {"ingress": [{"ip": "198.51.100.1"}, {"ip": "2001:db8:1::1"}]}})
+    lb = one([s], [eps("b", endpoints=[("fd00:244::2", READY)], atype="IPv6")], NODE_DUAL)
+    assert lb.key == KEY6 and lb.cluster == (B("fd00:244::2"),)
+    assert set(lb.frontends) == {Frontend(ServiceKey("2001:db8:1::1", 80, 6), Kind.LOAD_BALANCER),
+                                 Frontend(ServiceKey("2001:db8::7", 80, 6), Kind.EXTERNAL_IP),
+                                 Frontend(ServiceKey("fd00:192::10", 30080, 6), Kind.NODE_PORT)}
+    # the node (fd00:192::10) is inside the IPv6 range: its load-balancer IPs pass too (allowFromNode)
+    assert lb.source_ranges == ("fd00:192::/64", "2001:db8:1::1/128")
+
+
+def test_a_dual_stack_services_garbage_entries_are_reported_once():
+    s = svc(ips=("10.96.0.10", "fd00:96::10"), type_="LoadBalancer", loadBalancerSourceRanges=["nonsense"],
+            ports=(("s", 99, "SCTP"),), status={"loadBalancer": {"ingress": [{"ip": "2001:db8:1::1"}]}})
+    d = desired([s], [], NODE_DUAL)
+    assert len(d.skipped) == 2 and d.services == {}
 
 
 def test_sctp_port_is_skipped_with_a_reason():

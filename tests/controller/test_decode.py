@@ -120,3 +120,31 @@ def test_malformed_slice_names_object_and_field(obj, field):
     with pytest.raises(DecodeError) as err:
         decode_slice(obj)
     assert err.value.field == field and "EndpointSlice d/web-1" in str(err.value)
+
+
+def test_a_dual_stack_node_gives_both_families_internal_ips_and_pod_cidrs():
+    from kxlb.controller.node import decode_node
+
+    node = decode_node({"metadata": {"name": "n1"},
+                        "spec": {"podCIDRs": ["10.244.1.0/24", "fd00:10:244:1::/64"]},
+                        "status": {"addresses": [{"type": "Hostname", "address": "n1"},
+                                                 {"type": "InternalIP", "address": "FD00:192:0::10"},
+                                                 {"type": "InternalIP", "address": "192.168.0.10"}]}})
+    assert node.ips == ("fd00:192::10", "192.168.0.10")
+    assert (node.first_ip(4), node.first_ip(6)) == ("192.168.0.10", "fd00:192::10")
+    assert node.pod_cidrs == ("10.244.1.0/24", "fd00:10:244:1::/64")
+    with pytest.raises(DecodeError, match=r"status.addresses\[0\].address"):
+        decode_node({"metadata": {"name": "n1"}, "status": {"addresses": [{"type": "InternalIP", "address": "fd00::g"}]}})
+
+
+def test_ipv6_addresses_come_out_in_one_canonical_form():
+    svc = decode_service({"metadata": {"namespace": "d", "name": "s"},
+                          "spec": {"clusterIPs": ["FD00:96:0::10", "10.96.0.10"], "externalIPs": ["2001:DB8::1"],
+                                   "ports": [{"port": 80}]}})
+    assert svc.cluster_ips == ("fd00:96::10", "10.96.0.10") and svc.external_ips == ("2001:db8::1",)
+    sl = decode_slice({"metadata": {"namespace": "d", "name": "s-1", "labels": {"kubernetes.io/service-name": "s"}},
+                       "addressType": "IPv6", "endpoints": [{"addresses": ["FD00:244:0:0::5"]}], "ports": []})
+    assert sl.endpoints[0].address == "fd00:244::5"
+    with pytest.raises(DecodeError, match="is not an IPv6 address"):
+        decode_slice({"metadata": {"namespace": "d", "name": "s-2", "labels": {"kubernetes.io/service-name": "s"}},
+                      "addressType": "IPv6", "endpoints": [{"addresses": ["::ffff:10.0.0.1"]}], "ports": []})

@@ -143,15 +143,19 @@ def test_the_command_line_reports_a_bad_config_in_one_line(tmp_path):
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("kxlb: error: --config: detectLocalMode")
 
 
-def test_cidr_flags_take_the_ipv4_cidrs_and_name_the_flag_on_errors():
-    from kxlb.controller.main import ipv4_cidr_of
-    from kxlb.controller.node import parse_nodeport_cidrs
+def test_cidr_flags_take_one_cidr_per_family_and_name_the_flag_on_errors():
+    from kxlb.controller.node import one_cidr_per_family, parse_nodeport_cidrs
 
-    assert ipv4_cidr_of("10.244.0.0/16,fd00:10:244::/56", "--cluster-cidr") == "10.244.0.0/16"
-    assert ipv4_cidr_of("fd00::/48", "--cluster-cidr") is None
+    assert one_cidr_per_family("10.244.0.0/16,fd00:10:244::/56", "--cluster-cidr") == \
+        ("10.244.0.0/16", "fd00:10:244::/56")
+    assert one_cidr_per_family("fd00::/48", "--cluster-cidr") == ("fd00::/48",)
+    assert one_cidr_per_family(None, "--cluster-cidr") == ()
     with pytest.raises(KxlbError, match="--cluster-cidr: 'ten' is not a CIDR"):
-        ipv4_cidr_of("ten", "--cluster-cidr")
+        one_cidr_per_family("ten", "--cluster-cidr")
+    with pytest.raises(KxlbError, match="more than one IPv6 CIDR"):
+        one_cidr_per_family("fd00::/48,fd01::/48", "--cluster-cidr")
     assert parse_nodeport_cidrs([]) == () and parse_nodeport_cidrs(["primary"]) == ()
-    assert parse_nodeport_cidrs(["10.250.0.0/24,fd00::/64", "192.168.1.5/32"]) == ("10.250.0.0/24", "192.168.1.5/32")
+    assert parse_nodeport_cidrs(["10.250.0.0/24,fd00::/64", "192.168.1.5/32"]) == \
+        ("10.250.0.0/24", "fd00::/64", "192.168.1.5/32")
     with pytest.raises(KxlbError, match="'primary' cannot be combined"):
         parse_nodeport_cidrs(["primary,10.0.0.0/8"])
