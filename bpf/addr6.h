@@ -11,6 +11,12 @@ static __always_inline int kx6_eq(const struct kx_in6 *a, const struct kx_in6 *b
 	return ((a->w[0] ^ b->w[0]) | (a->w[1] ^ b->w[1]) | (a->w[2] ^ b->w[2]) | (a->w[3] ^ b->w[3])) == 0;
 }
 
+/* Nonzero iff a != b: the ORed differences of the words, no branch (sock.tmpl.h). */
+static __always_inline __u32 kx6_diff(const struct kx_in6 *a, const struct kx_in6 *b)
+{
+	return (a->w[0] ^ b->w[0]) | (a->w[1] ^ b->w[1]) | (a->w[2] ^ b->w[2]) | (a->w[3] ^ b->w[3]);
+}
+
 static __always_inline int kx6_zero(const struct kx_in6 *a)
 {
 	return (a->w[0] | a->w[1] | a->w[2] | a->w[3]) == 0;

@@ -16,6 +16,7 @@
 #undef KX_ZERO
 #undef KX_IN_NET
 #undef KX_FOLD
+#undef KX_DIFF
 #undef KX_IPPROTO_ICMP
 #undef KX_SCRATCH_ON_STACK
 #if KX_FAM == 4
@@ -25,6 +26,7 @@
 #define KX_ZERO(a) ((a) == 0)
 #define KX_IN_NET(a, net, mask) (((a) & (mask)) == (net))
 #define KX_FOLD(a) ((__u32)(a))
+#define KX_DIFF(a, b) ((a) ^ (b)) /* nonzero iff a != b, without a branch */
 #define KX_IPPROTO_ICMP IPPROTO_ICMP
 #define KX_SCRATCH_ON_STACK 1 /* flow.tmpl.h struct lb_scratch */
 #elif KX_FAM == 6
@@ -34,6 +36,7 @@
 #define KX_ZERO(a) kx6_zero(&(a))
 #define KX_IN_NET(a, net, mask) kx6_in_net(&(a), &(net), &(mask))
 #define KX_FOLD(a) kx6_fold(&(a))
+#define KX_DIFF(a, b) kx6_diff(&(a), &(b))
 #define KX_IPPROTO_ICMP IPPROTO_ICMPV6_
 #define KX_SCRATCH_ON_STACK 0
 #else

@@ -310,6 +310,20 @@ struct src_range_key6 {
 	struct kx_in6 addr;
 };
 
+struct sock_rev_key6 {
+	__u64  cookie;
+	struct kx_in6 addr;  /* backend */
+	__be16 port;
+	__u16  pad;
+	__u32  pad2;
+};
+
+struct sock_rev_value6 {
+	struct kx_in6 vip;
+	__be16 port;
+	__u16  pad;
+};
+
 /* The IPv6 family's configuration. flags and the source port range are the family-free
  * settings, written the same in both entries by user space: the datapath of a family
  * reads its own entry only. */
@@ -362,6 +376,8 @@ BPF_TABLE_PINNED("lpm_trie", struct src_range_key, __u8, src_range_map,
 		 KXLB_SRC_RANGE_ENTRIES, KXLB_PIN_DIR "/src_ranges", BPF_F_NO_PREALLOC);
 BPF_TABLE_PINNED("lru_hash", struct sock_rev_key, struct sock_rev_value, sock_rev,
 		 KXLB_CT_ENTRIES, KXLB_PIN_DIR "/sock_rev");
+BPF_TABLE_PINNED("lru_hash", struct sock_rev_key6, struct sock_rev_value6, sock_rev6,
+		 KXLB_CT6_ENTRIES, KXLB_PIN_DIR "/sock_rev6");
 BPF_TABLE_PINNED("array", __u32, struct lb_config, cfg_map, 1, KXLB_PIN_DIR "/config");
 
 /* The IPv6 family's maps, as the IPv4 ones above. Its LRU tables (preallocated) are

@@ -8,10 +8,10 @@
  *   sendmsg4/6      unconnected UDP sendto(VIP:port): per datagram -> backend
  *   recvmsg4/6      unconnected UDP replies: backend -> VIP:port as the source
  *   getpeername4/6  a connected socket still names VIP:port as its peer
- * The *6 hooks serve IPv4-mapped addresses (::ffff:a.b.c.d) of dual-stack AF_INET6
- * sockets (Java, Go) exactly as the *4 hooks serve AF_INET ones; any other IPv6
- * address is passed untouched (IPv6 services are not programmed yet).
- * sock_rev (maps.h) remembers, per socket and backend, which VIP:port to show. */
+ * The *6 hooks serve IPv6 services, and IPv4-mapped addresses (::ffff:a.b.c.d) of
+ * dual-stack AF_INET6 sockets (Java, Go) exactly as the *4 hooks serve AF_INET ones.
+ * sock_rev and sock_rev6 (maps.h) remember, per socket and backend, which VIP:port to
+ * show. The translation itself is sock.tmpl.h, once per family. */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/in.h>
 /* SOCK_STREAM / SOCK_DGRAM (asm-generic values; x86 uses them) */
@@ -36,9 +36,6 @@
 #include "hash.h"
 #include "addr6.h"
 #include "lb.h"
-/* IPv4 services (IPv6 ones are not translated at the socket level yet). */
-#define KX_FAM 4
-#include "lb.tmpl.h"
 
 static __always_inline __u8 sock_proto(struct bpf_sock_addr *ctx)
 {
@@ -53,142 +50,12 @@ static __always_inline __u8 sock_proto(struct bpf_sock_addr *ctx)
  * ECONNREFUSED is what a rejected connection gives a client under kube-proxy. */
 static long (*kx_set_retval)(int retval) = (void *)BPF_FUNC_set_retval;
 
-/* Does this socket already use backend `be` for another VIP:port than `sk`'s? Replies
- * from `be` could then only be shown as coming from one of the two. One comparison of
- * the ORed differences, not two branches: sock_pick_unshared() calls this up to nine
- * times in a row, and every branch that goes on to the next call doubles the paths
- * the verifier walks. */
-static __always_inline int sock_rev_taken(__u64 cookie, const struct backend *be, const struct svc_key *sk)
-{
-	struct sock_rev_key rk = {.cookie = cookie, .addr = be->addr, .port = be->port};
-	struct sock_rev_value *rv = sock_rev.lookup(&rk);
-
-	if (!rv)
-		return 0;
-	return ((rv->vip ^ sk->vip) | (__u32)(rv->port ^ sk->port)) != 0;
-}
-
-/* One candidate of sock_pick_unshared(): slot (hash + i) % n. 1: chosen (its backend
- * was free for this VIP), -1: stop looking, 0: try the next. A missing slot means user
- * space is replacing the set right now: the search stops there, keeping lb_decide()'s
- * choice. */
-static __always_inline int sock_try_slot(__u64 cookie, const struct svc_key *sk, struct backend_key *bk,
-					 __u32 hash, __u32 i, __u16 n, struct backend *be)
-{
-	struct backend *alt;
-
-	if (i >= n)
-		return -1;
-	bk->slot = (hash + i) % n;
-	alt = backend_map.lookup(bk);
-	if (!alt)
-		return -1;
-	if (sock_rev_taken(cookie, alt, sk))
-		return 0;
-	*be = *alt;
-	return 1;
-}
-
-/* sock_rev is keyed (socket, backend): one unconnected UDP socket that sends to two
- * VIPs sharing a backend (one resolver querying two DNS Services) would have the
- * second VIP overwrite the first's entry, and replies to the first query would come
- * back from the wrong VIP. A socket cannot have its source port remapped as the
- * packet path does, so the second VIP gets another of its backends instead: up to
- * SOCK_REV_TRIES slots from the hash on, the first whose backend this socket does not
- * already use for another VIP. Any backend of the set is as right as the chosen one.
- * The candidates are plain slots, not lb_decide()'s own pick repeated: they must be
- * distinct backends whatever lb_decide() maps a hash to.
- * When every candidate is taken (the VIPs share their only backend), lb_decide()'s
- * choice stays and its entry is overwritten: the socket's newest destination is the one it
- * waits on, and a resolver that moved on from the first VIP drops a late reply whose
- * source it did not query anyway; refusing the send instead would fail a query that
- * would have worked. Under sessionAffinity the affine backend is kept (kube-proxy's
- * semantics come first), with the same overwrite. */
-static __always_inline void sock_pick_unshared(__u64 cookie, const struct svc_key *sk, const struct svc_value *sv,
-					       __u32 hash, struct backend *be)
-{
-	if (!sock_rev_taken(cookie, be, sk) || (sv->flags & KXLB_SVC_F_AFFINITY))
-		return;
-	__u8 set = lb_set_for(sv, KXLB_ORIGIN_NODE);
-	__u16 n = set == KXLB_SET_LOCAL ? sv->local_count : sv->count;
-	struct backend_key bk = {.svc_id = sv->svc_id, .gen = sv->gen, .set = set};
-
-	/* Unrolled by hand (SOCK_REV_TRIES candidates): as a loop, clang derives the
-	 * counter from n, the verifier cannot bound it and walks the loop until it gives
-	 * up. */
-	if (sock_try_slot(cookie, sk, &bk, hash, 0, n, be) ||
-	    sock_try_slot(cookie, sk, &bk, hash, 1, n, be) ||
-	    sock_try_slot(cookie, sk, &bk, hash, 2, n, be) ||
-	    sock_try_slot(cookie, sk, &bk, hash, 3, n, be) ||
-	    sock_try_slot(cookie, sk, &bk, hash, 4, n, be) ||
-	    sock_try_slot(cookie, sk, &bk, hash, 5, n, be) ||
-	    sock_try_slot(cookie, sk, &bk, hash, 6, n, be))
-		return;
-	sock_try_slot(cookie, sk, &bk, hash, 7, n, be);
-}
-
-/* VIP:port (network order, as in the socket address) -> backend for this socket, with
- * lb_decide() as the packet path does, the node as the client (origin node: external
- * frontends short-circuit to the cluster-wide set, as kube-proxy does for local
- * traffic). Writes the backend to *addr/*port and returns 1 when translated; returns 1
- * with nothing written for what is not a service; returns 0 to refuse the call,
- * ECONNREFUSED where kube-proxy rejects, ETIMEDOUT where it drops (the socket would
- * only have waited for that). */
-static __always_inline int sock_translate(struct bpf_sock_addr *ctx, __be32 *addr, __be16 *port)
-{
-	struct svc_key sk = {};
-	struct svc_value *svp;
-	struct lb_choice c;
-
-	sk.proto = sock_proto(ctx);
-	if (!sk.proto)
-		return 1;
-	sk.vip = *addr;
-	sk.port = *port;
-	svp = svc_map.lookup(&sk);
-	if (!svp)
-		return 1;
-	struct svc_value sv = *svp;
-	struct lb_config *cfg = lb_config_get();
-	__u64 cookie = bpf_get_socket_cookie(ctx);
-	struct lb_flow f = {.client = cfg ? (cfg->node_addr ? cfg->node_addr : cfg->snat_addr) : 0,
-			    .origin = KXLB_ORIGIN_NODE,
-			    .hash = flow_hash((__u32)cookie, (__u32)(cookie >> 32), sk.port, KXLB_HASH_SEED)};
-
-	switch (lb_decide(&sk, &sv, &f, cfg, &c)) {
-	case LB_DEC_BACKEND:
-		break;
-	case LB_DEC_REJECT:
-		kx_set_retval(-ECONNREFUSED_);
-		return 0;
-	default:
-		kx_set_retval(-ETIMEDOUT_);
-		return 0;
-	}
-	sock_pick_unshared(cookie, &sk, &sv, f.hash, &c.be);
-	struct sock_rev_key rk = {.cookie = cookie, .addr = c.be.addr, .port = c.be.port};
-	struct sock_rev_value rv = {.vip = sk.vip, .port = sk.port};
-	sock_rev.update(&rk, &rv);
-	*addr = c.be.addr;
-	*port = c.be.port;
-	return 1;
-}
-
-/* backend -> VIP:port, for replies and the peer name. */
-static __always_inline void sock_untranslate(struct bpf_sock_addr *ctx, __be32 *addr, __be16 *port)
-{
-	struct sock_rev_key rk = {};
-	struct sock_rev_value *rv;
-
-	rk.cookie = bpf_get_socket_cookie(ctx);
-	rk.addr = *addr;
-	rk.port = *port;
-	rv = sock_rev.lookup(&rk);
-	if (rv) {
-		*addr = rv->vip;
-		*port = rv->port;
-	}
-}
+/* The translation of each family: sock_translate()/sock_untranslate() for IPv4
+ * services, sock_translate6()/sock_untranslate6() for IPv6 ones. */
+#define KX_FAM 4
+#include "sock.tmpl.h"
+#define KX_FAM 6
+#include "sock.tmpl.h"
 
 /* IPv4: the address is user_ip4. The context's address and port are stored whole
  * (4-byte writes: the only size the verifier accepts for them). */
@@ -216,23 +83,52 @@ static __always_inline int sock4_untranslate(struct bpf_sock_addr *ctx)
 	return 1;
 }
 
-/* IPv6: only ::ffff:a.b.c.d is ours; the kernel sends such a socket's traffic as
- * IPv4, to the address in the last word, which is the one rewritten. */
+/* IPv6: ::ffff:a.b.c.d (a dual-stack socket addressing IPv4) is an IPv4 service's,
+ * and the kernel sends such a socket's traffic as IPv4, to the address in the last
+ * word, which is the one rewritten; any other address is an IPv6 service's. The
+ * context's address is read and written a word at a time (the verifier's rule). */
 static __always_inline int sock6_v4_mapped(struct bpf_sock_addr *ctx)
 {
 	return ctx->user_ip6[0] == 0 && ctx->user_ip6[1] == 0 && ctx->user_ip6[2] == V4_MAPPED_WORD;
 }
 
+static __always_inline void sock6_read(struct bpf_sock_addr *ctx, struct kx_in6 *a)
+{
+	a->w[0] = ctx->user_ip6[0];
+	a->w[1] = ctx->user_ip6[1];
+	a->w[2] = ctx->user_ip6[2];
+	a->w[3] = ctx->user_ip6[3];
+}
+
+static __always_inline void sock6_write(struct bpf_sock_addr *ctx, const struct kx_in6 *a)
+{
+	ctx->user_ip6[0] = a->w[0];
+	ctx->user_ip6[1] = a->w[1];
+	ctx->user_ip6[2] = a->w[2];
+	ctx->user_ip6[3] = a->w[3];
+}
+
 static __always_inline int sock6_translate(struct bpf_sock_addr *ctx)
 {
-	if (!sock6_v4_mapped(ctx))
-		return 1;
-	__be32 addr = ctx->user_ip6[3];
 	__be16 port = (__be16)ctx->user_port;
-	int ok = sock_translate(ctx, &addr, &port);
+	int ok;
 
+	if (sock6_v4_mapped(ctx)) {
+		__be32 addr = ctx->user_ip6[3];
+
+		ok = sock_translate(ctx, &addr, &port);
+		if (ok) {
+			ctx->user_ip6[3] = addr;
+			ctx->user_port = port;
+		}
+		return ok;
+	}
+	struct kx_in6 addr6;
+
+	sock6_read(ctx, &addr6);
+	ok = sock_translate6(ctx, &addr6, &port);
 	if (ok) {
-		ctx->user_ip6[3] = addr;
+		sock6_write(ctx, &addr6);
 		ctx->user_port = port;
 	}
 	return ok;
@@ -240,13 +136,21 @@ static __always_inline int sock6_translate(struct bpf_sock_addr *ctx)
 
 static __always_inline int sock6_untranslate(struct bpf_sock_addr *ctx)
 {
-	if (!sock6_v4_mapped(ctx))
-		return 1;
-	__be32 addr = ctx->user_ip6[3];
 	__be16 port = (__be16)ctx->user_port;
 
-	sock_untranslate(ctx, &addr, &port);
-	ctx->user_ip6[3] = addr;
+	if (sock6_v4_mapped(ctx)) {
+		__be32 addr = ctx->user_ip6[3];
+
+		sock_untranslate(ctx, &addr, &port);
+		ctx->user_ip6[3] = addr;
+		ctx->user_port = port;
+		return 1;
+	}
+	struct kx_in6 addr6;
+
+	sock6_read(ctx, &addr6);
+	sock_untranslate6(ctx, &addr6, &port);
+	sock6_write(ctx, &addr6);
 	ctx->user_port = port;
 	return 1;
 }

@@ -162,6 +162,14 @@ class SrcRangeKey6(ctypes.Structure):
     _fields_ = [("prefixlen", u32), ("svc_id", u32), ("addr", In6)]
 
 
+class SockRevKey6(ctypes.Structure):
+    _fields_ = [("cookie", u64), ("addr", In6), ("port", u16), ("pad", u16), ("pad2", u32)]
+
+
+class SockRevValue6(ctypes.Structure):
+    _fields_ = [("vip", In6), ("port", u16), ("pad", u16)]
+
+
 class LbConfig6(ctypes.Structure):
     _fields_ = [("snat_addr", In6), ("cluster_cidr", In6), ("cluster_mask", In6), ("flags", u32),
                 ("svc_cidr", In6 * C["MAX_SVC_CIDRS"]), ("svc_mask", In6 * C["MAX_SVC_CIDRS"]),
@@ -177,6 +185,7 @@ MIRRORS: dict[str, type[ctypes.Structure]] = {
     "kx_in6": In6, "svc_key6": SvcKey6, "backend6": BackendValue6, "ct_key6": CtKey6, "ct_entry6": CtEntry6,
     "frag_key6": FragKey6, "frag_value6": FragValue6, "affinity_key6": AffinityKey6,
     "affinity_value6": AffinityValue6, "src_range_key6": SrcRangeKey6, "lb_config6": LbConfig6,
+    "sock_rev_key6": SockRevKey6, "sock_rev_value6": SockRevValue6,
 }
 """C struct name -> ctypes mirror; the layout test walks this table."""
 
