@@ -11,7 +11,7 @@ from kxlb.loader.netns import netns
 
 def _connect(kind: int, ns: str, addr: str, port: int, timeout: float) -> socket.socket:
     with netns(ns):
-        s = socket.socket(socket.AF_INET, kind)
+        s = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, kind)
     s.settimeout(timeout)
     s.connect((addr, port))
     return s
@@ -42,15 +42,15 @@ def tcp_request(ns: str, addr: str, port: int, line: str = "hello",
                 timeout: float = 3.0) -> tuple[str, tuple[str, int]]:
     """New connection, one line; returns (reply, address the reply came from)."""
     with tcp_connect(ns, addr, port, timeout) as s:
-        return tcp_exchange(s, line), s.getpeername()
+        return tcp_exchange(s, line), s.getpeername()[:2]  # IPv6 adds flow info and scope
 
 
 def udp_request(ns: str, addr: str, port: int, data: str = "hello", timeout: float = 3.0) -> tuple[str, tuple[str, int]]:
     """One datagram from a fresh (unconnected) socket; returns (reply, its source)."""
     with netns(ns):
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_DGRAM)
     with s:
         s.settimeout(timeout)
         s.sendto(data.encode(), (addr, port))
         reply, src = s.recvfrom(4096)
-        return reply.decode(), src
+        return reply.decode(), src[:2]

@@ -7,16 +7,19 @@ Asking "clientip" (a TCP line, a UDP datagram, or HTTP GET /clientip, as agnhost
 netexec does) answers with the client's address as this server saw it, "NAME IP:PORT"
 (HTTP: "IP:PORT"), so a test can tell a masqueraded client from a preserved one.
 
-    python -m kxlb.lab.echo --name N [--netns NS] [--port P] [--tcp P] [--udp P] [--http P]
+    python -m kxlb.lab.echo --name N [--netns NS] [--port P] [--tcp P] [--udp P] [--http P] [--ipv6]
 
 ``--port`` serves TCP and UDP on P; ``--tcp``, ``--udp`` and ``--http`` one protocol
-each (all repeatable). "ready" is printed on stdout once every socket is bound.
+each (all repeatable). ``--ipv6``: every server also listens on IPv6 (a socket of its
+own, IPV6_V6ONLY, so IPv4 clients keep showing plain IPv4 addresses). "ready" is printed
+on stdout once every socket is bound.
 """
 from __future__ import annotations
 
 import argparse
 import http.server
 import signal
+import socket
 import socketserver
 import sys
 import threading
@@ -109,6 +112,26 @@ def make_http_server(name: str, port: int, host: str = "0.0.0.0") -> socketserve
     return _Http((host, port), HttpHandler)
 
 
+def _on_ipv6(server_cls: type) -> type:
+    """The server class listening on an IPv6 address only (IPV6_V6ONLY)."""
+    class V6(server_cls):
+        address_family = socket.AF_INET6
+
+        def server_bind(self) -> None:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            super().server_bind()
+    return V6
+
+
+_V6_CLASSES = {cls: _on_ipv6(cls) for cls in (_Tcp, _Udp, _Http)}
+
+
+def on_ipv6(server: socketserver.BaseServer) -> socketserver.BaseServer:
+    """The same server (handler and port) again, on "::"."""
+    cls = _V6_CLASSES[next(c for c in _V6_CLASSES if isinstance(server, c))]
+    return cls(("::", server.server_address[1]), server.RequestHandlerClass)
+
+
 def make_servers(name: str, port: int, host: str = "0.0.0.0") -> list[socketserver.BaseServer]:
     """TCP and UDP echo on the same port."""
     return [make_tcp_server(name, port, host), make_udp_server(name, port, host)]
@@ -129,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--udp", type=int, action="append", default=[], help="UDP echo (repeatable)")
     ap.add_argument("--http", type=int, action="append", default=[], help="HTTP (repeatable)")
     ap.add_argument("--netns", help="network namespace to serve in")
+    ap.add_argument("--ipv6", action="store_true", help="also serve every port on IPv6")
     a = ap.parse_args(argv)
     if not (a.port or a.tcp or a.udp or a.http):
         ap.error("no port to serve")
@@ -137,6 +161,8 @@ def main(argv: list[str] | None = None) -> None:
         servers += [make_tcp_server(a.name, p) for p in a.tcp]
         servers += [make_udp_server(a.name, p) for p in a.udp]
         servers += [make_http_server(a.name, p) for p in a.http]
+        if a.ipv6:
+            servers += [on_ipv6(s) for s in list(servers)]
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     serve(servers)

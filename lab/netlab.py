@@ -22,6 +22,7 @@ from kxlb.loader.errors import KxlbError
 
 PREFIX = "kxl"
 VIP_RANGE = "10.96.0.0/16"
+VIP_RANGE6 = "fd00:96::/64"
 _counter = itertools.count()
 
 
@@ -97,10 +98,15 @@ class NetLab:
 
     client_ip = "10.201.0.2"
     node_client_ip = "10.201.0.1"
+    client_ip6 = "fd00:201::2"
+    node_client_ip6 = "fd00:201::1"
     client_iface = "cli0"  # on the node, toward the client
 
     def backend_ip(self, i: int) -> str:
         return f"10.201.{i + 1}.2"
+
+    def backend_ip6(self, i: int) -> str:
+        return f"fd00:201:{i + 1}::2"
 
     def backend_iface(self, i: int) -> str:
         return f"be{i}"  # on the node, toward backend i
@@ -122,26 +128,35 @@ class NetLab:
             sh("ip", "netns", "add", ns)
             sh("ip", "-n", ns, "link", "set", "lo", "up")
         n = self.node
-        for key in ("net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"):
+        for key in ("net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0",
+                    "net.ipv6.conf.all.forwarding=1"):
             sh("ip", "netns", "exec", n, "sysctl", "-qw", key)
-        self._link(self.client_iface, self.client, self.node_client_ip, self.client_ip)
+        # Dual-stack: every link has an IPv4 /24 and an IPv6 /64 (fd00:201:N::/64).
+        self._link(self.client_iface, self.client, (self.node_client_ip, self.node_client_ip6),
+                   (self.client_ip, self.client_ip6))
         sh("ip", "-n", self.client, "route", "add", VIP_RANGE, "via", self.node_client_ip)
+        sh("ip", "-n", self.client, "-6", "route", "add", VIP_RANGE6, "via", self.node_client_ip6)
         for i in range(self.backends_n):
-            self._link(self.backend_iface(i), self.backend(i), f"10.201.{i + 1}.1", self.backend_ip(i))
+            self._link(self.backend_iface(i), self.backend(i), (f"10.201.{i + 1}.1", f"fd00:201:{i + 1}::1"),
+                       (self.backend_ip(i), self.backend_ip6(i)))
             sh("ip", "-n", self.backend(i), "route", "add", "10.201.0.0/16", "via", f"10.201.{i + 1}.1")
+            sh("ip", "-n", self.backend(i), "-6", "route", "add", "fd00:201::/48", "via", f"fd00:201:{i + 1}::1")
         sh("ip", "-n", self.client, "route", "add", "10.201.0.0/16", "via", self.node_client_ip)
+        sh("ip", "-n", self.client, "-6", "route", "add", "fd00:201::/48", "via", self.node_client_ip6)
 
-    def _link(self, node_if: str, peer_ns: str, node_ip: str, peer_ip: str) -> None:
+    def _link(self, node_if: str, peer_ns: str, node_ips: tuple[str, str], peer_ips: tuple[str, str]) -> None:
         sh("ip", "-n", self.node, "link", "add", node_if, "type", "veth", "peer", "name", "eth0", "netns", peer_ns)
-        sh("ip", "-n", self.node, "addr", "add", f"{node_ip}/24", "dev", node_if)
-        sh("ip", "-n", peer_ns, "addr", "add", f"{peer_ip}/24", "dev", "eth0")
+        for ns, dev, (ip4, ip6) in ((self.node, node_if, node_ips), (peer_ns, "eth0", peer_ips)):
+            sh("ip", "-n", ns, "addr", "add", f"{ip4}/24", "dev", dev)
+            # nodad: usable at once (duplicate address detection would hold it a second)
+            sh("ip", "-n", ns, "addr", "add", f"{ip6}/64", "dev", dev, "nodad")
         sh("ip", "-n", self.node, "link", "set", node_if, "up")
         sh("ip", "-n", peer_ns, "link", "set", "eth0", "up")
 
     def start_servers(self, *ports: int) -> None:
         """Start the echo server in every backend, named be0, be1, ..."""
         for i in range(self.backends_n):
-            args = [sys.executable, "-m", "kxlb.lab.echo", "--name", f"be{i}", "--netns", self.backend(i)]
+            args = [sys.executable, "-m", "kxlb.lab.echo", "--name", f"be{i}", "--netns", self.backend(i), "--ipv6"]
             for p in ports:
                 args += ["--port", str(p)]
             proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, start_new_session=True)

@@ -31,7 +31,7 @@ def mk(fam, kind):
     s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
     return s
 def addr(fam, ip, port):
-    return (ip, port) if fam == "v4" else ("::ffff:" + ip, port)
+    return (ip, port) if fam == "v4" or ":" in ip else ("::ffff:" + ip, port)
 def err(e):
     return errno.errorcode.get(e.errno, str(e))
 def out(obj):
@@ -99,15 +99,19 @@ def test_all_eight_hooks_are_attached(host):
                     ("inet6_getpeername", "getpeername6")]}
 
 
-@pytest.mark.parametrize("fam", ["v4", "v6"])
+@pytest.mark.parametrize("fam", ["v4", "v6", "ipv6-service"])
 def test_sockets_reach_every_backend_and_see_the_vip(host, fam):
     """TCP connect, connected UDP and unconnected UDP sendto/recvfrom, from AF_INET and
-    from dual-stack AF_INET6 sockets: translated to backends (all three over 24 sockets
-    of each kind), and the VIP is what getpeername() and recvfrom() show."""
-    vip = "10.96.7.1" if fam == "v4" else "10.96.7.2"
-    backends = [host.be(i) for i in range(3)]
-    host.kxlb("service", "add", f"{vip}:80/tcp", *backends)
-    host.kxlb("service", "add", f"{vip}:53/udp", *backends)
+    from dual-stack AF_INET6 sockets to an IPv4 service, and from AF_INET6 sockets to an
+    IPv6 service: translated to backends (all three over 24 sockets of each kind), and
+    the VIP is what getpeername() and recvfrom() show."""
+    vip = {"v4": "10.96.7.1", "v6": "10.96.7.2", "ipv6-service": "fd00:96::7:3"}[fam]
+    if fam == "ipv6-service":
+        fam, backends, front = "v6", [f"[{host.lab.backend_ip6(i)}]:{PORT}" for i in range(3)], f"[{vip}]"
+    else:
+        backends, front = [host.be(i) for i in range(3)], vip
+    host.kxlb("service", "add", f"{front}:80/tcp", *backends)
+    host.kxlb("service", "add", f"{front}:53/udp", *backends)
     code = r'''
 fam, vip = sys.argv[1], sys.argv[2]
 for _ in range(24):
@@ -120,7 +124,7 @@ for _ in range(24):
     out(["sendto", data.decode().split()[0], list(src[:2])]); d.close()
 '''
     rows = host.run(code, fam, vip)
-    want_peer = {"tcp": [vip if fam == "v4" else "::ffff:" + vip, 80]}
+    want_peer = {"tcp": [vip if fam == "v4" or ":" in vip else "::ffff:" + vip, 80]}
     want_peer["udp"] = want_peer["sendto"] = [want_peer["tcp"][0], 53]
     for kind in ("tcp", "udp", "sendto"):
         got = [r for r in rows if r[0] == kind]
@@ -130,8 +134,8 @@ for _ in range(24):
 
 
 def test_pure_ipv6_addresses_are_passed_untouched(host):
-    """Only ::ffff:0:0/96 is ours: an IPv6 address whose last 32 bits spell a VIP is
-    not translated (no route: the connect fails as it would without kxlb), and a plain
+    """Only ::ffff:0:0/96 is an IPv4 service's: an IPv6 address whose last 32 bits spell
+    a VIP (and that is no IPv6 service) is not translated (no route: the connect fails as it would without kxlb), and a plain
     IPv6 connection on the node works."""
     host.kxlb("service", "add", "10.96.7.3:53/udp", host.be(0))
     code = r'''
