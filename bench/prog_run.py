@@ -69,12 +69,12 @@ if __name__ == "__main__":
 from tqdm import tqdm  # noqa: E402
 
 import katran  # noqa: E402
-from frames import ACK, SYN, fresh_clients, ipv4_dst, ipv4_src, tcp, udp  # noqa: E402
+from frames import ACK, SYN, fresh_clients, ip_dst, ip_src, tcp, udp  # noqa: E402
 from testrun import Spread, Timed, prebuilt, time_frames  # noqa: E402
 
 from kxlb.lab.netlab import unique_tag  # noqa: E402
-from kxlb.loader.compile import MAIN_SOURCE, compile_source  # noqa: E402
-from kxlb.loader.layout import Backend, ServiceKey  # noqa: E402
+from kxlb.loader.compile import MAIN_SOURCE, compile_source, load_entry_programs  # noqa: E402
+from kxlb.loader.layout import Backend, ServiceKey, canonical_ip  # noqa: E402
 from kxlb.loader.maps import Maps  # noqa: E402
 from kxlb.loader.services import DatapathConfig, ServiceTable  # noqa: E402
 from kxlb.loader.svcspec import Frontend, Kind, LbService  # noqa: E402
@@ -107,13 +107,12 @@ class Kxlb:
 
 @contextmanager
 def kxlb_datapath(source: Path):
-    from bcc import BPF
-
     pin = f"/sys/fs/bpf/{unique_tag()}"
     bpf = None
     try:
         bpf = compile_source(source, pin)
-        fd = {"tc": bpf.load_func(b"kxlb_tc", BPF.SCHED_CLS).fd, "xdp": bpf.load_func(b"kxlb_xdp", BPF.XDP).fd}
+        tc, xdp = load_entry_programs(bpf)   # and the IPv6 programs they tail-call
+        fd = {"tc": tc.fd, "xdp": xdp.fd}
         with Maps.open(pin) as maps:
             yield Kxlb(fd, ServiceTable(maps), bpf)
     finally:
@@ -181,10 +180,10 @@ def timed_cell(what: str, k: Kxlb | None, fd: int, bufs, *, hook: str, last: byt
         raise Wrong(f"{what}: verdict {t.retval:#x}, expected one of {sorted(verdicts)}")
     if untouched and t.out != last:
         raise Wrong(f"{what}: the frame was rewritten")
-    if to is not None and ipv4_dst(t.out) not in to:
-        raise Wrong(f"{what}: the last frame went to {ipv4_dst(t.out)}, not one of {sorted(to)}")
-    if snat is not None and ipv4_src(t.out)[0] != snat:
-        raise Wrong(f"{what}: the last frame left from {ipv4_src(t.out)}, not masqueraded to {snat}")
+    if to is not None and ip_dst(t.out) not in to:
+        raise Wrong(f"{what}: the last frame went to {ip_dst(t.out)}, not one of {sorted(to)}")
+    if snat is not None and ip_src(t.out)[0] != snat:
+        raise Wrong(f"{what}: the last frame left from {ip_src(t.out)}, not masqueraded to {snat}")
     return t.median
 
 
@@ -271,6 +270,14 @@ def backends_of(i: int) -> list[Backend]:
     return [Backend(f"10.1.{j}.{i % 250 + 1}", 8080) for j in range(3)]
 
 
+def vip6_of(i: int) -> tuple[str, int]:
+    return f"fd00:96::{i:x}", 80
+
+
+def backends6_of(i: int) -> list[Backend]:
+    return [Backend(canonical_ip(f"fd00:1:{j}::{i % 250 + 1:x}"), 8080) for j in range(3)]
+
+
 def scaling(source: Path, ref: Reference, sizes, calls: int, rounds: int, bar) -> list[dict]:
     """One datapath per service count (filling 100k services takes seconds), ``rounds``
     rounds on it. New-flow cells get calls/2 fresh clients, at most 64k flows over all
@@ -324,6 +331,7 @@ def scaling_table(rows: list[dict]) -> str:
 
 VARIANT_SERVICES = 1_000
 NODE_IP = "10.250.0.11"
+NODE_IP6 = "fd00:250::11"
 
 
 @dataclass(frozen=True)
@@ -333,11 +341,19 @@ class Variant:
     port: int
     backends: tuple[Backend, ...]
     proto: str = "tcp"
-    client_net: str = "10"     # first octet of the clients: 10/8 is the cluster CIDR here
-    masqueraded: bool = False
+    client_net: str = "10"     # the clients' first octet (IPv6: first two groups); 10/8 and fd00:10::/32
+    masqueraded: bool = False  # are the cluster CIDRs here
 
     def frame(self, client: str, sport: int) -> bytes:
         return (udp if self.proto == "udp" else tcp)(client, sport, self.addr, self.port)
+
+    @property
+    def established_client(self) -> str:
+        return f"{self.client_net}:9::9" if ":" in self.client_net else f"{self.client_net}.9.9.9"
+
+    def new_clients(self, second: int, n: int) -> list[tuple[str, int]]:
+        net = f"{self.client_net}:{second:x}" if ":" in self.client_net else f"{self.client_net}.{second}"
+        return fresh_clients(net, n)
 
 
 UDP_BACKENDS = tuple(Backend(b.addr, 5353) for b in backends_of(3))
@@ -348,6 +364,13 @@ VARIANTS = (
     Variant("nodePort (masquerade)", NODE_IP, 30080, tuple(backends_of(1)), client_net="172", masqueraded=True),
     Variant("sessionAffinity ClientIP", "10.99.0.2", 80, tuple(backends_of(2))),
     Variant("clusterIP, UDP", "10.99.0.3", 53, UDP_BACKENDS, proto="udp"),
+    # IPv6 (its own programs, reached by a tail call; 1,000 IPv6 services beside)
+    Variant("clusterIP, IPv6", *vip6_of(VARIANT_SERVICES // 2), tuple(backends6_of(VARIANT_SERVICES // 2)),
+            client_net="fd00:10"),
+    Variant("nodePort (masquerade), IPv6", NODE_IP6, 30080, tuple(backends6_of(1)), client_net="2001:db8",
+            masqueraded=True),
+    Variant("clusterIP, UDP, IPv6", "fd00:99::3", 53, tuple(Backend(b.addr, 5353) for b in backends6_of(3)),
+            proto="udp", client_net="fd00:10"),
 )
 
 
@@ -358,6 +381,10 @@ def variant_services() -> list[LbService]:
     specs.append(LbService(ServiceKey("10.99.0.2", 80, 6), cluster=tuple(backends_of(2)), has_endpoints=True,
                            affinity_s=10800))
     specs.append(LbService.simple(ServiceKey("10.99.0.3", 53, 17), UDP_BACKENDS))
+    specs += [LbService.simple(ServiceKey(*vip6_of(i), 6), backends6_of(i)) for i in range(VARIANT_SERVICES - 2)]
+    specs.append(LbService(ServiceKey("fd00:99::1", 80, 6), cluster=tuple(backends6_of(1)), has_endpoints=True,
+                           frontends=(Frontend(ServiceKey(NODE_IP6, 30080, 6), Kind.NODE_PORT),)))
+    specs.append(LbService.simple(ServiceKey("fd00:99::3", 53, 17), VARIANTS[-1].backends))
     return specs
 
 
@@ -369,17 +396,18 @@ def variants(source: Path, calls: int, rounds: int, bar) -> list[dict]:
     per: dict[tuple[str, str, str], list[float]] = {}
     for r in range(rounds):
         with kxlb_datapath(source) as k:
-            k.table.set_config(DatapathConfig(snat_addrs=(NODE_IP,), cluster_cidrs=("10.0.0.0/8",)))
+            k.table.set_config(DatapathConfig(snat_addrs=(NODE_IP, NODE_IP6),
+                                              cluster_cidrs=("10.0.0.0/8", "fd00:10::/32")))
             k.table.add_many(variant_services())
             for v_i, v in enumerate(VARIANTS):
                 to = {(b.addr, b.port) for b in v.backends}
-                snat = NODE_IP if v.masqueraded else None
-                est = v.frame(f"{v.client_net}.9.9.9", 40000 + v_i)
+                snat = (NODE_IP6 if ":" in v.addr else NODE_IP) if v.masqueraded else None
+                est = v.frame(v.established_client, 40000 + v_i)
                 timed_cell(f"track {v.name}", k, k.fd["xdp"], prebuilt([est]), hook="xdp", last=est, to=to,
                            snat=snat, hits="new")
                 for h, hook in enumerate(HOOKS):
                     second = 100 + 2 * v_i + h  # distinct per variant and hook; 10.100-10.109: no service
-                    new = [v.frame(a, p) for a, p in fresh_clients(f"{v.client_net}.{second}", n_new)]
+                    new = [v.frame(a, p) for a, p in v.new_clients(second, n_new)]
                     b_new, b_est = prebuilt(new), prebuilt([est] * calls)
                     per.setdefault((v.name, hook, "established"), []).append(
                         timed_cell(f"{v.name} {hook} established", k, k.fd[hook], b_est, hook=hook, last=est,

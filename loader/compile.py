@@ -130,22 +130,33 @@ def compile_source(source: Path, pin_dir: str, extra_cflags: list[str] | None = 
     raise KxlbError(f"compiling {source} failed: {'; '.join(errors[:3]) or failed}") from None
 
 
-def compile_datapath(pin_dir: str, extra_cflags: list[str] | None = None) -> Datapath:
-    """Compile and load the tc and XDP programs (maps pinned in ``pin_dir``)."""
+def load_entry_programs(bpf) -> tuple:
+    """Load kxlb_tc and kxlb_xdp of a compiled kxlb.c, and the IPv6 journeys they
+    tail-call into their program arrays (kxlb.c); returns (tc, xdp) as bcc functions."""
     from bcc import BPF
 
-    bpf = compile_source(MAIN_SOURCE, pin_dir, extra_cflags)
     try:
         tc = bpf.load_func(b"kxlb_tc", BPF.SCHED_CLS)
         xdp = bpf.load_func(b"kxlb_xdp", BPF.XDP)
-        egress = bpf.load_func(b"kxlb_tc_egress", BPF.SCHED_CLS)
-        # The IPv6 journeys, reached by tail call from the programs above (kxlb.c).
         family = {("tc_progs", "PROG_IPV6"): bpf.load_func(b"kxlb_tc6", BPF.SCHED_CLS),
                   ("xdp_progs", "PROG_IPV6"): bpf.load_func(b"kxlb_xdp6", BPF.XDP)}
     except Exception as exc:
         raise KxlbError(f"the kernel rejected the datapath: {exc}") from exc
     for (array, slot), fn in family.items():
         bpf.get_table(array.encode())[ctypes.c_int(C[slot])] = ctypes.c_int(fn.fd)
+    return tc, xdp
+
+
+def compile_datapath(pin_dir: str, extra_cflags: list[str] | None = None) -> Datapath:
+    """Compile and load the tc and XDP programs (maps pinned in ``pin_dir``)."""
+    from bcc import BPF
+
+    bpf = compile_source(MAIN_SOURCE, pin_dir, extra_cflags)
+    tc, xdp = load_entry_programs(bpf)
+    try:
+        egress = bpf.load_func(b"kxlb_tc_egress", BPF.SCHED_CLS)
+    except Exception as exc:
+        raise KxlbError(f"the kernel rejected the datapath: {exc}") from exc
     for hook, fd in (("tc", tc.fd), ("xdp", xdp.fd), ("tc_egress", egress.fd)):
         path = os.path.join(pin_dir, PROG_PINS[hook])
         if os.path.exists(path):

@@ -27,12 +27,26 @@ def scapy_frame(l4, src, dst):
 def test_tcp_frame_is_scapys(flags):
     got = frames.tcp("10.64.3.1", 1234, "10.200.1.1", 80, flags)
     assert got == scapy_frame(TCP(sport=1234, dport=80, flags=flags, window=8192), "10.64.3.1", "10.200.1.1")
-    assert frames.ipv4_dst(got) == ("10.200.1.1", 80) and frames.ipv4_src(got) == ("10.64.3.1", 1234)
+    assert frames.ip_dst(got) == ("10.200.1.1", 80) and frames.ip_src(got) == ("10.64.3.1", 1234)
 
 
 def test_udp_frame_is_scapys():
     got = frames.udp("172.100.0.1", 5000, "10.99.0.3", 53)
     assert got == scapy_frame(UDP(sport=5000, dport=53), "172.100.0.1", "10.99.0.3")
+
+
+def test_ipv6_frames_are_scapys():
+    from scapy.layers.inet6 import IPv6
+
+    def six(l4, src, dst):
+        return bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / IPv6(src=src, dst=dst, hlim=64) /
+                     l4 / frames.PAYLOAD)
+    got = frames.tcp("fd00:64::1", 1234, "fd00:99::1", 80, frames.SYN)
+    assert got == six(TCP(sport=1234, dport=80, flags=frames.SYN, window=8192), "fd00:64::1", "fd00:99::1")
+    assert frames.ip_dst(got) == ("fd00:99::1", 80) and frames.ip_src(got) == ("fd00:64::1", 1234)
+    assert frames.udp("fd00:64::1", 5000, "fd00:99::3", 53) == six(UDP(sport=5000, dport=53), "fd00:64::1",
+                                                                  "fd00:99::3")
+    assert frames.fresh_clients("fd00:64", 50_001)[-1] == ("fd00:64::1:1", 1024)
 
 
 def test_fresh_clients_are_distinct_in_katrans_order():
