@@ -42,7 +42,12 @@ from kxlb.loader.netns import netns
 
 from . import controlplane as cpmod
 from .controlplane import ControlPlane, ControlPlaneError, Ports
-from .nodes import CLUSTER_CIDR, LB_POOL, NodeSpec, Topology, netns_exists, run
+from .nodes import (CLUSTER_CIDR, CLUSTER_CIDR6, LB_POOL, SERVICE_CIDR, SERVICE_CIDR6, NodeSpec, Topology,
+                    netns_exists, run)
+
+# Dual-stack: one CIDR of each family, IPv4 first (the primary family, as kind's default).
+CLUSTER_CIDRS = f"{CLUSTER_CIDR},{CLUSTER_CIDR6}"
+SERVICE_CIDRS = f"{SERVICE_CIDR},{SERVICE_CIDR6}"
 
 DEFAULT_WORKDIR = cpmod.DEFAULT_WORKDIR
 MARKER_ENV = "KXLB_LAB"
@@ -111,11 +116,11 @@ def marked_pids(marker: str) -> list[int]:
 def http_get(host: str, port: int, path: str, ns: Optional[str] = None, timeout: float = 3) -> tuple[int, str]:
     """GET over a socket made in network namespace *ns*; (status, body)."""
     with netns(ns):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     s.settimeout(timeout)
     try:
         s.connect((host, port))
-        conn = http.client.HTTPConnection(host, port, timeout=timeout)
+        conn = http.client.HTTPConnection(f"[{host}]" if ":" in host else host, port, timeout=timeout)
         conn.sock = s
         conn.request("GET", path)
         r = conn.getresponse()
@@ -178,6 +183,7 @@ class Lab:
     def controlplane(self) -> ControlPlane:
         return ControlPlane(self.workdir, self._bin_dir, ports=Ports().shifted(self.port_offset),
                             advertise_address=self.advertise_address, iface=self.api_iface,
+                            service_cidr=SERVICE_CIDRS,
                             log=lambda m: self.log(f"controlplane: {m}"))
 
     @property
@@ -498,7 +504,7 @@ class Lab:
         return [sys.executable, "-m", "kxlb", "--pin-dir", n.pin_dir, "controller",
                 "--node-name", n.name, "--kubeconfig", str(self.kube_proxy_kubeconfig),
                 "--netns", n.netns, "--iface", "eth0", "--iface", "kxp*", "--cgroup", n.cgroup,
-                "--cluster-cidr", CLUSTER_CIDR, "--metrics-bind-address", f"127.0.0.1:{port}",
+                "--cluster-cidr", CLUSTER_CIDRS, "--metrics-bind-address", f"127.0.0.1:{port}",
                 *PROXY_MODES[mode].flags]
 
     def kube_proxy_argv(self, n: NodeSpec, mode: str = "kube-proxy") -> list[str]:
@@ -506,7 +512,7 @@ class Lab:
         hport = KUBE_PROXY_HEALTHZ_BASE + self.port_offset + n.index
         return ["ip", "netns", "exec", n.netns, str(self.bin_dir / "kube-proxy"),
                 *PROXY_MODES[mode].flags, f"--hostname-override={n.name}",
-                f"--kubeconfig={self.kube_proxy_kubeconfig}", f"--cluster-cidr={CLUSTER_CIDR}",
+                f"--kubeconfig={self.kube_proxy_kubeconfig}", f"--cluster-cidr={CLUSTER_CIDRS}",
                 f"--metrics-bind-address=127.0.0.1:{mport}", f"--healthz-bind-address=127.0.0.1:{hport}",
                 # Host-wide conntrack sysctls are not ours to change (nor writable in a netns).
                 "--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0",

@@ -315,7 +315,7 @@ class ControlPlane:
         self._ssl: Optional[ssl.SSLContext] = None
         self._iface_made = False
 
-        net = ipaddress.ip_network(service_cidr)
+        net = ipaddress.ip_network(service_cidr.split(",")[0])  # "v4" or "v4,v6" (dual-stack)
         self.kubernetes_service_ip = str(net.network_address + 1)
         adv = ipaddress.ip_address(advertise_address)
         if adv.is_loopback or adv.is_link_local or adv.is_unspecified:

@@ -98,20 +98,24 @@ def run(workdir=DEFAULT_WORKDIR, proxy: str | None = None, requests: int = 6, re
         kube.delete_namespace(api, NS, wait=True)
         kube.create_namespace(api, NS)
         kube.create_deployment(api, NS, "echo", replicas)
-        svc = kube.create_service(api, NS, "echo")
+        # PreferDualStack: a cluster IP of each family the cluster has (the lab is dual-stack)
+        svc = kube.create_service(api, NS, "echo", ipFamilyPolicy="PreferDualStack")
         last = lab.node_specs[-1]
         kube.create_pod(api, NS, "client", ports=[], node_name=last.name)
         pods = kube.wait_pods_ready(api, NS, "app=echo", replicas)
         kube.wait_pods_ready(api, NS, "app=client", 1)
-        kube.wait_endpoints(api, NS, "echo", [p["status"]["podIP"] for p in pods])
+        kube.wait_endpoints(api, NS, "echo", [a["ip"] for p in pods for a in p["status"]["podIPs"]
+                                              if len(svc["spec"]["clusterIPs"]) > 1 or ":" not in a["ip"]])
     finally:
         api.close()
     vip = svc["spec"]["clusterIP"]
+    vips = svc["spec"]["clusterIPs"]
     node_of = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods}
     print(f"\nDeployment demo/echo: {replicas} pods (image kxlab/echo, served by the pod agents):")
     for p in pods:
-        print(f"  {p['metadata']['name']:28} {p['status']['podIP']:12} on {p['spec']['nodeName']}")
-    print(f"Service demo/echo: ClusterIP {vip}, ports 80/tcp (echo), 80/udp (echo), 8000/tcp (http)")
+        print(f"  {p['metadata']['name']:28} {' '.join(a['ip'] for a in p['status']['podIPs']):32} "
+              f"on {p['spec']['nodeName']}")
+    print(f"Service demo/echo: ClusterIPs {', '.join(vips)}, ports 80/tcp (echo), 80/udp (echo), 8000/tcp (http)")
     print(f"client pod demo/client on {last.name}; proxy on the nodes: {mode}\n")
     if mode == "none":
         print("programming the standalone datapath (no proxy runs):")
@@ -121,23 +125,25 @@ def run(workdir=DEFAULT_WORKDIR, proxy: str | None = None, requests: int = 6, re
     client_ns = lab.resolve_target(f"{NS}/client")[0]
     time.sleep(1.0 if PROXY_MODES[mode].kind == "kube-proxy" else 0.3)  # the proxies' first sync after the EndpointSlice
 
-    def tcp(ns: str) -> str:
+    def tcp(ns: str, vip: str = vip) -> str:
         with tcp_connect(ns, vip, 80, timeout=1.0) as s:
             return tcp_exchange(s, "hello")
 
-    for proto, send in (("tcp", lambda: tcp(client_ns)),
-                        ("udp", lambda: udp_request(client_ns, vip, 80, "hello", timeout=1.0)[0]),
-                        ("http", lambda: http_get(vip, 8000, "/", ns=client_ns, timeout=1.0)[1])):
-        seen = Counter()
-        for i in range(requests):
-            try:
-                who = send().split()[0]
-                seen[who] += 1
-                print(f"  pod demo/client -> {vip}:{8000 if proto == 'http' else 80}/{proto} #{i}: "
-                      f"answered by {who} (on {node_of.get(who, '?')})")
-            except OSError as exc:
-                print(f"  pod demo/client -> {vip}/{proto} #{i}: no answer ({exc})")
-        print(f"  {proto}: {dict(sorted(seen.items()))}\n")
+    for v in (vips if mode != "none" else [vip]):   # each family's cluster IP (standalone: IPv4's)
+        shown = f"[{v}]" if ":" in v else v
+        for proto, send in (("tcp", lambda: tcp(client_ns, v)),
+                            ("udp", lambda: udp_request(client_ns, v, 80, "hello", timeout=1.0)[0]),
+                            ("http", lambda: http_get(v, 8000, "/", ns=client_ns, timeout=1.0)[1])):
+            seen = Counter()
+            for i in range(requests):
+                try:
+                    who = send().split()[0]
+                    seen[who] += 1
+                    print(f"  pod demo/client -> {shown}:{8000 if proto == 'http' else 80}/{proto} #{i}: "
+                          f"answered by {who} (on {node_of.get(who, '?')})")
+                except OSError as exc:
+                    print(f"  pod demo/client -> {shown}/{proto} #{i}: no answer ({exc})")
+            print(f"  {shown} {proto}: {dict(sorted(seen.items()))}\n")
 
     entry = lab.node(1)
     print(f"external client {lab.client_ns} ({lab.client_ip}) -> {vip}:80/tcp, routed via {entry.name} "

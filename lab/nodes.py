@@ -12,6 +12,13 @@ client, per-pod namespaces with routed veths, and a cgroup v2 directory per node
           │ veth, route 10.244.i.x/32 dev kxpXXXXXXXX
       pod netns  eth0 10.244.i.x/32, default via 10.244.i.1 (covers the service CIDR)
 
+Dual-stack: every address above has an IPv6 twin. The fabric is fd00:10:250::/64 (node
+i: fd00:10:250::(10+i), hex; the client ::64), node i's podCIDR fd00:10:244:i::/64 with
+pod 10.244.i.x at fd00:10:244:i::x, the pods' IPv6 gateway the link-local fe80::1 on
+every pod veth (as Calico and Cilium route), the service CIDR fd00:10:96::/112. Duplicate
+address detection and router solicitations are off: addresses work at once and no host
+waits for a router advertisement that never comes.
+
 Node i routes the other nodes' podCIDRs via their InternalIP, and the service CIDR,
 the load-balancer pool and the externalIP range on-link through eth0 (a host-network
 process needs *a* route to connect to a service address before a proxy translates it).
@@ -38,10 +45,15 @@ from kxlb.loader.netns import netns
 FABRIC_CIDR = "10.250.0.0/24"
 CLUSTER_CIDR = "10.244.0.0/16"
 SERVICE_CIDR = "10.96.0.0/16"
+FABRIC_CIDR6 = "fd00:10:250::/64"
+CLUSTER_CIDR6 = "fd00:10:244::/56"
+SERVICE_CIDR6 = "fd00:10:96::/112"   # the API server allows at most a /108 of IPv6 cluster IPs
+POD_GATEWAY6 = "fe80::1"
 LB_POOL = "10.250.100.0/24"          # load-balancer IPs (lab/lbpool.py assigns them)
 EXTERNAL_IP_RANGE = "10.250.200.0/24"  # for spec.externalIPs in tests and the demo
 # What the client (a router's view of the cluster) sends via node 1.
 CLIENT_ROUTES = (SERVICE_CIDR, LB_POOL, EXTERNAL_IP_RANGE)
+CLIENT_ROUTES6 = (SERVICE_CIDR6,)
 CLIENT_HOST = 100          # 10.250.0.100
 NODE_HOST_BASE = 10        # node i: 10.250.0.(10+i)
 POD_VETH_PREFIX = "kxp"    # the controller attaches to eth0 and kxp*
@@ -89,12 +101,16 @@ def sysctl(ns: str | None, values: dict[str, str]) -> None:
 
 
 NO_IPV6 = {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"}
+IPV6 = {"net.ipv6.conf.all.disable_ipv6": "0", "net.ipv6.conf.default.disable_ipv6": "0",
+        "net.ipv6.conf.all.accept_dad": "0", "net.ipv6.conf.default.accept_dad": "0",
+        "net.ipv6.conf.all.router_solicitations": "0", "net.ipv6.conf.default.router_solicitations": "0"}
 ROUTER = {
     "net.ipv4.ip_forward": "1",
     "net.ipv4.conf.all.rp_filter": "0", "net.ipv4.conf.default.rp_filter": "0",
     # node 1 forwards the client's service traffic back out of eth0 to another node:
     # an ICMP redirect would teach the client to bypass it.
     "net.ipv4.conf.all.send_redirects": "0", "net.ipv4.conf.default.send_redirects": "0",
+    "net.ipv6.conf.all.forwarding": "1",
 }
 
 
@@ -127,6 +143,13 @@ class NodeSpec:
     cgroup: str      # cgroup v2 dir for the node's host-network processes
     pin_dir: str     # bpffs dir for the node's datapath
     zone: str
+    ip6: str = ""        # IPv6 InternalIP on the fabric
+    pod_cidr6: str = ""  # IPv6 podCIDR
+
+    def pod_ip6(self, ip: str) -> str:
+        """The IPv6 twin of a pod's IPv4 address (the same host number)."""
+        host = int(ipaddress.ip_address(ip)) - int(ipaddress.ip_network(self.pod_cidr).network_address)
+        return str(ipaddress.ip_network(self.pod_cidr6).network_address + host)
 
     @property
     def netns(self) -> str:
@@ -160,6 +183,10 @@ class Topology:
         return str(ipaddress.ip_network(FABRIC_CIDR).network_address + CLIENT_HOST)
 
     @property
+    def client_ip6(self) -> str:
+        return str(ipaddress.ip_network(FABRIC_CIDR6).network_address + CLIENT_HOST)
+
+    @property
     def cgroup_dir(self) -> str:
         return os.path.join(self.cgroup_root, self.name)
 
@@ -167,12 +194,15 @@ class Topology:
         name = f"{self.name}-node-{i}"
         cidr = ipaddress.ip_network(CLUSTER_CIDR)
         pod_cidr = ipaddress.ip_network(f"{cidr.network_address + (i << 8)}/24")
+        pod_cidr6 = ipaddress.ip_network(f"{ipaddress.ip_network(CLUSTER_CIDR6).network_address + (i << 64)}/64")
         return NodeSpec(
             name=name, index=i,
             ip=str(ipaddress.ip_network(FABRIC_CIDR).network_address + NODE_HOST_BASE + i),
             pod_cidr=str(pod_cidr), gateway=str(pod_cidr.network_address + 1),
             cgroup=os.path.join(self.cgroup_dir, name), pin_dir=os.path.join(self.bpffs, name),
             zone=f"zone-{i}",
+            ip6=str(ipaddress.ip_network(FABRIC_CIDR6).network_address + NODE_HOST_BASE + i),
+            pod_cidr6=str(pod_cidr6),
         )
 
     @property
@@ -192,11 +222,13 @@ class Topology:
     def to_dict(self) -> dict:
         return {
             "name": self.name, "fabric_netns": self.fabric_ns,
-            "client": {"netns": self.client_ns, "ip": self.client_ip,
-                       "routes": [f"{r} via {self.node(1).ip}" for r in CLIENT_ROUTES]},
+            "client": {"netns": self.client_ns, "ip": self.client_ip, "ip6": self.client_ip6,
+                       "routes": [f"{r} via {self.node(1).ip}" for r in CLIENT_ROUTES]
+                       + [f"{r} via {self.node(1).ip6}" for r in CLIENT_ROUTES6]},
             "nodes": [asdict(n) | {"netns": n.netns} for n in self.node_specs],
             "cgroup_root": self.cgroup_root, "fabric_cidr": FABRIC_CIDR, "cluster_cidr": CLUSTER_CIDR,
-            "service_cidr": SERVICE_CIDR,
+            "service_cidr": SERVICE_CIDR, "fabric_cidr6": FABRIC_CIDR6, "cluster_cidr6": CLUSTER_CIDR6,
+            "service_cidr6": SERVICE_CIDR6,
         }
 
     # ---- create / check / destroy ---------------------------------------------------------
@@ -204,32 +236,36 @@ class Topology:
         """Build the fabric, the nodes, the client and the nodes' cgroups. Expects none of
         them to exist (call ``destroy()`` first)."""
         f = self.fabric_ns
-        self._add_ns(f)
+        self._add_ns(f, ipv6=False)  # the bridge's namespace has no address of its own
         ip_batch(f, ["link add br0 type bridge stp_state 0 mcast_snooping 0", "link set br0 up"])
-        prefix = ipaddress.ip_network(FABRIC_CIDR).prefixlen
+        prefix, prefix6 = ipaddress.ip_network(FABRIC_CIDR).prefixlen, ipaddress.ip_network(FABRIC_CIDR6).prefixlen
         for n in self.node_specs:
             self._add_ns(n.netns, ROUTER)
-            self._fabric_port(f"port{n.index}", n.netns, f"{n.ip}/{prefix}")
+            self._fabric_port(f"port{n.index}", n.netns, f"{n.ip}/{prefix}", f"{n.ip6}/{prefix6}")
         for n in self.node_specs:
             routes = [f"route add {o.pod_cidr} via {o.ip} dev eth0" for o in self.node_specs if o != n]
-            routes += [f"route add {r} dev eth0" for r in CLIENT_ROUTES]
+            routes += [f"route add {o.pod_cidr6} via {o.ip6} dev eth0" for o in self.node_specs if o != n]
+            routes += [f"route add {r} dev eth0" for r in CLIENT_ROUTES + CLIENT_ROUTES6]
             ip_batch(n.netns, routes)
         self._add_ns(self.client_ns, {"net.ipv4.conf.all.accept_redirects": "0",
-                                      "net.ipv4.conf.default.accept_redirects": "0"})
-        self._fabric_port("portc", self.client_ns, f"{self.client_ip}/{prefix}")
-        ip_batch(self.client_ns, [f"route add {r} via {self.node(1).ip} dev eth0" for r in CLIENT_ROUTES])
+                                      "net.ipv4.conf.default.accept_redirects": "0",
+                                      "net.ipv6.conf.all.accept_redirects": "0",
+                                      "net.ipv6.conf.default.accept_redirects": "0"})
+        self._fabric_port("portc", self.client_ns, f"{self.client_ip}/{prefix}", f"{self.client_ip6}/{prefix6}")
+        ip_batch(self.client_ns, [f"route add {r} via {self.node(1).ip} dev eth0" for r in CLIENT_ROUTES]
+                 + [f"route add {r} via {self.node(1).ip6} dev eth0" for r in CLIENT_ROUTES6])
         for n in self.node_specs:
             os.makedirs(n.cgroup, exist_ok=True)
 
-    def _add_ns(self, ns: str, extra: dict[str, str] | None = None) -> None:
+    def _add_ns(self, ns: str, extra: dict[str, str] | None = None, ipv6: bool = True) -> None:
         run("ip", "netns", "add", ns)
-        sysctl(ns, NO_IPV6 | (extra or {}))
+        sysctl(ns, (IPV6 if ipv6 else NO_IPV6) | (extra or {}))
         ip_batch(ns, ["link set lo up"])
 
-    def _fabric_port(self, port: str, ns: str, addr: str) -> None:
+    def _fabric_port(self, port: str, ns: str, addr: str, addr6: str) -> None:
         ip_batch(self.fabric_ns, [f"link add {port} type veth peer name eth0 netns {ns}",
                                   f"link set {port} master br0", f"link set {port} up"])
-        ip_batch(ns, [f"addr add {addr} dev eth0", "link set eth0 up"])
+        ip_batch(ns, [f"addr add {addr} dev eth0", f"addr add {addr6} dev eth0 nodad", "link set eth0 up"])
 
     def problems(self) -> list[str]:
         """What is missing from a built topology (empty list: intact)."""
@@ -270,26 +306,29 @@ class Topology:
             return []
 
     # ---- pods --------------------------------------------------------------------------------
-    def add_pod(self, node: NodeSpec, uid: str, ip: str) -> tuple[str, str]:
-        """A pod's netns and routed veth; returns (netns, node-side veth). Replaces leftovers."""
+    def add_pod(self, node: NodeSpec, uid: str, ip: str, ip6: str | None = None) -> tuple[str, str]:
+        """A pod's netns and routed veth (IPv6 too with ``ip6``); returns (netns, node-side
+        veth). Replaces leftovers."""
         ns, veth = self.pod_netns(uid), self.pod_veth(uid)
         self.del_pod(node, uid)
         run("ip", "netns", "add", ns)
         try:
-            sysctl(ns, NO_IPV6)
+            sysctl(ns, IPV6 if ip6 else NO_IPV6)
             ip_batch(node.netns, [
                 f"link add {veth} type veth peer name eth0 netns {ns}",
                 f"addr add {node.gateway}/32 dev {veth}",
                 f"link set {veth} up",
                 f"route replace {ip}/32 dev {veth}",
-            ])
+            ] + ([f"addr add {POD_GATEWAY6}/64 dev {veth} nodad", f"route replace {ip6}/128 dev {veth}"]
+                 if ip6 else []))
             ip_batch(ns, [
                 "link set lo up",
                 f"addr add {ip}/32 dev eth0",
                 "link set eth0 up",
                 f"route add {node.gateway} dev eth0 scope link",
                 f"route add default via {node.gateway} dev eth0",
-            ])
+            ] + ([f"addr add {ip6}/128 dev eth0 nodad", f"route add default via {POD_GATEWAY6} dev eth0"]
+                 if ip6 else []))
         except BaseException:
             self.del_pod(node, uid)
             raise

@@ -320,18 +320,19 @@ class PodWorker(threading.Thread):
         old = self.state or {}
         self.kill_workload()
         if host_net:
-            ip, ns, veth = a.node.ip, a.node.netns, None
+            ip, ip6, ns, veth = a.node.ip, a.node.ip6 or None, a.node.netns, None
         else:
             preferred = old.get("ip") or (obj.get("status") or {}).get("podIP")
             ip = a.ipam.allocate(self.uid, preferred)
+            ip6 = a.node.pod_ip6(ip) if a.node.pod_cidr6 else None   # dual-stack: the same host number
             try:
-                ns, veth = a.topo.add_pod(a.node, self.uid, ip)
+                ns, veth = a.topo.add_pod(a.node, self.uid, ip, ip6)
             except BaseException:
                 a.ipam.release(ip, self.uid)
                 raise
         self.state = {
             "uid": self.uid, "namespace": md["namespace"], "name": md["name"], "node": a.node.name,
-            "ip": ip, "netns": ns, "veth": veth, "host_network": host_net,
+            "ip": ip, "ip6": ip6, "netns": ns, "veth": veth, "host_network": host_net,
             "restarts": old.get("restarts", 0),
             "started_at": old.get("started_at") or now_rfc3339(),
             "ports": [f"{k}/{p}" for k, p in workload_ports(obj)],
@@ -347,6 +348,8 @@ class PodWorker(threading.Thread):
         st["pid"] = st["start"] = None
         if st["ports"]:
             argv = [sys.executable, "-m", "kxlb.lab.echo", "--name", st["name"], "--netns", st["netns"]]
+            if st.get("ip6"):
+                argv.append("--ipv6")
             for kp in st["ports"]:
                 kind, port = kp.split("/")
                 argv += [f"--{kind}", port]
@@ -450,8 +453,9 @@ class PodWorker(threading.Thread):
         } for c in spec.get("initContainers") or []]
         out = {
             "phase": "Running",
-            "hostIP": self.agent.node.ip, "hostIPs": [{"ip": self.agent.node.ip}],
-            "podIP": st["ip"], "podIPs": [{"ip": st["ip"]}],
+            "hostIP": self.agent.node.ip,
+            "hostIPs": [{"ip": a} for a in (self.agent.node.ip, self.agent.node.ip6) if a],
+            "podIP": st["ip"], "podIPs": [{"ip": a} for a in (st["ip"], st.get("ip6")) if a],
             "startTime": cur.get("startTime") or st.get("started_at"),
             "conditions": [cond("PodReadyToStartContainers", True), cond("Initialized", True),
                            cond("PodScheduled", True), cond("ContainersReady", ready), cond("Ready", ready)],
@@ -524,7 +528,7 @@ class Agent:
             "metadata": {"name": n.name, "labels": {
                 "kubernetes.io/hostname": n.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
                 "topology.kubernetes.io/zone": n.zone, "kxlab.io/lab": self.topo.name}},
-            "spec": {"podCIDR": n.pod_cidr, "podCIDRs": [n.pod_cidr]},
+            "spec": {"podCIDR": n.pod_cidr, "podCIDRs": [c for c in (n.pod_cidr, n.pod_cidr6) if c]},
         }
 
     def node_status(self, since: str) -> dict:
@@ -537,7 +541,8 @@ class Agent:
 
         return {"status": {
             "capacity": CAPACITY, "allocatable": CAPACITY,
-            "addresses": [{"type": "InternalIP", "address": n.ip}, {"type": "Hostname", "address": n.name}],
+            "addresses": [{"type": "InternalIP", "address": a} for a in (n.ip, n.ip6) if a]
+                         + [{"type": "Hostname", "address": n.name}],
             "conditions": [
                 cond("MemoryPressure", "False", "KubeletHasSufficientMemory", "kxlab"),
                 cond("DiskPressure", "False", "KubeletHasNoDiskPressure", "kxlab"),

@@ -10,6 +10,7 @@ node 2. The outside client routes service, LB and externalIP ranges via node 1.
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 
 import pytest
@@ -214,8 +215,6 @@ print(" ".join(sorted(seen)))
 
 @pytest.mark.parametrize("proxy", ["kube-proxy", "kxlb"])
 def test_source_ranges_udp_node_origin_and_topology(with_proxy, k8s, web, proxy):
-    import sys
-
     lab = with_proxy(proxy)
     ips, cns = web
     client = lab.client_ip
@@ -256,3 +255,50 @@ def test_source_ranges_udp_node_origin_and_topology(with_proxy, k8s, web, proxy)
     kube.wait_for(hinted, 30, "zone hints on the EndpointSlice of close")
     eventually(lambda: ({p for p, _ in answers(cns, close["spec"]["clusterIP"], 80, 15)} == {"remote"}, ""),
                f"{proxy}: PreferClose from node 2 stays in zone-2")
+
+
+def ip6_of(pod: dict) -> str:
+    return next(a["ip"] for a in pod["status"]["podIPs"] if ":" in a["ip"])
+
+
+@pytest.mark.parametrize("proxy", ["kube-proxy", "kxlb"])
+def test_a_dual_stack_service_answers_over_both_families_from_every_origin(with_proxy, k8s, web, proxy):
+    """ipFamilyPolicy RequireDualStack: the API server gives the Service an IPv4 and an
+    IPv6 cluster IP and the EndpointSlice controller one slice per family; each family's
+    cluster IP and NodePort reach both pods from a pod (source kept), from a node's own
+    processes, and from the outside client through node 1 (masqueraded)."""
+    lab = with_proxy(proxy)
+    ips, cns = web
+    pods = {p["metadata"]["name"]: p for p in k8s.ready_pods("app=web", 2)}
+    client_pod = k8s.ready_pods("app=client", 1)[0]
+    svc = k8s.service("dual", selector={"app": "web"}, ports=TCP_PORT, type="NodePort",
+                      ipFamilyPolicy="RequireDualStack", ipFamilies=["IPv6", "IPv4"])
+    vip6, vip4 = svc["spec"]["clusterIPs"]
+    assert ":" in vip6 and "." in vip4, svc["spec"]["clusterIPs"]
+    node_port = svc["spec"]["ports"][0]["nodePort"]
+    k8s.wait_endpoints("dual", list(ips.values()) + [ip6_of(p) for p in pods.values()])
+    mine6, mine4 = ip6_of(client_pod), client_pod["status"]["podIP"]
+    outside = (lab.client_ip, lab.topology.client_ip6)
+    for what, ns, addr, port, source_kept in (
+            ("IPv6 cluster IP from a pod", cns, vip6, 80, mine6),
+            ("IPv4 cluster IP from a pod", cns, vip4, 80, mine4),
+            ("IPv6 NodePort on node 1 from a pod", cns, lab.node(1).ip6, node_port, None),
+            ("IPv6 cluster IP from outside via node 1", lab.client_ns, vip6, 80, None),
+            ("IPv6 NodePort on node 2 from outside", lab.client_ns, lab.node(2).ip6, node_port, None),
+            ("IPv4 NodePort on node 2 from outside", lab.client_ns, lab.node(2).ip, node_port, None)):
+        def check(ns=ns, addr=addr, port=port, source_kept=source_kept):
+            seen = answers(ns, addr, port, tries=15)
+            sources = {src for _, src in seen}
+            ok = {p for p, _ in seen} == {"local", "remote"}
+            # inside the cluster the client's own address arrives; outside clients are masqueraded
+            ok = ok and (sources == {source_kept} if source_kept else not sources & set(outside))
+            return ok, dict(seen)
+        eventually(check, f"{proxy}: {what}: both pods")
+
+    def from_node(addr, port):
+        def check():
+            r = lab.run_in("node/1", [sys.executable, "-c", NODE_CLIENT, addr, str(port), "15"], timeout=60)
+            return set(r.stdout.split()) == {"local", "remote"}, r.stdout + r.stderr
+        return check
+    eventually(from_node(vip6, 80), f"{proxy}: IPv6 cluster IP from node 1's own processes")
+    eventually(from_node(lab.node(2).ip6, node_port), f"{proxy}: IPv6 NodePort of node 2 from node 1")
