@@ -18,6 +18,9 @@ endpoints). TCP sockets are never touched, as kube-proxy does nothing for TCP: a
 connection to a removed endpoint ends on its own (RST or timeout). A socket a process
 connected straight to a pod address (no sock_rev entry) is not ours either.
 
+IPv6 services' sockets are found the same way in sock_rev6 (an AF_INET6 socket with an
+IPv6 peer); an IPv4-mapped peer is an IPv4 service's, in sock_rev.
+
 Limits: sock_rev is an LRU; a socket whose entry was evicted (the map is sized as
 conntrack) is not found. Only the sockets of the node's network namespace
 (`--netns`, else the controller's) are seen, which is where host-network processes
@@ -27,16 +30,18 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from dataclasses import dataclass
 
 from kxlb.loader.errors import KxlbError
-from kxlb.loader.layout import SockRevKey, SockRevValue, ip_to_raw, port_to_raw, raw_to_ip, raw_to_port
+from kxlb.loader.layout import (SockRevKey, SockRevKey6, SockRevValue, SockRevValue6, format_addr_port, ip6_to_c,
+                                ip_to_raw, port_to_raw, raw_to_ip, raw_to_port)
 from kxlb.loader.maps import BpfMap
 from kxlb.loader.sockdiag import SockDiag, UdpSocket
 
 log = logging.getLogger("kxlb.controller")
 
-_Raw = tuple[int, int]  # (address, port) as the maps store them
+_Raw = tuple[int | bytes, int]  # (address, port) as the maps store them (IPv6: the address's bytes)
 
 
 @dataclass(frozen=True)
@@ -46,25 +51,36 @@ class StaleSocket:
 
 
 def stale_udp_sockets(sock_rev: BpfMap, serving: dict[_Raw, frozenset[_Raw]],
-                      sockets: list[UdpSocket]) -> list[StaleSocket]:
+                      sockets: list[UdpSocket], sock_rev6: BpfMap | None = None) -> list[StaleSocket]:
     """The sockets among ``sockets`` that the hooks translated to a backend that is not
     serving its frontend any more (``serving``: controller/conntrack.py's
-    serving_by_frontend())."""
+    serving_by_frontend()); IPv6 peers are looked up in ``sock_rev6``."""
     out = []
     for s in sockets:
-        peer = s.peer_v4
-        if peer is None:
+        peer, peer6 = s.peer_v4, s.peer_v6
+        if peer is not None:
+            key = SockRevKey(cookie=s.cookie, addr=ip_to_raw(peer), port=port_to_raw(s.dport))
+            rv: SockRevValue | SockRevValue6 | None = sock_rev.get(key)
+            backend = (key.addr, key.port)
+        elif peer6 is not None and sock_rev6 is not None:
+            key6 = SockRevKey6(cookie=s.cookie, addr=ip6_to_c(peer6), port=port_to_raw(s.dport))
+            rv = sock_rev6.get(key6)
+            backend = (bytes(key6.addr), key6.port)
+        else:
             continue
-        key = SockRevKey(cookie=s.cookie, addr=ip_to_raw(peer), port=port_to_raw(s.dport))
-        rv: SockRevValue | None = sock_rev.get(key)
         if rv is None:
             continue
-        fe = (rv.vip, rv.port)
+        fe = (rv.vip if isinstance(rv.vip, int) else bytes(rv.vip), rv.port)
         allowed = serving.get(fe)
-        if allowed is None or (key.addr, key.port) in allowed:
+        if allowed is None or backend in allowed:
             continue
         out.append(StaleSocket(s, fe))
     return out
+
+
+def _frontend_text(fe: _Raw) -> str:
+    addr = raw_to_ip(fe[0]) if isinstance(fe[0], int) else socket.inet_ntop(socket.AF_INET6, fe[0])
+    return format_addr_port(addr, raw_to_port(fe[1]))
 
 
 class UdpSocketReaper:
@@ -74,6 +90,7 @@ class UdpSocketReaper:
     def __init__(self, pin_dir: str, ns: str | None = None, registry=None):
         self.sock_rev_path = os.path.join(pin_dir, "sock_rev")
         self.sock_rev: BpfMap | None = None  # opened on first use: a sync that removes no UDP endpoint needs none
+        self.sock_rev6: BpfMap | None = None
         self.ns = ns
         self.destroyed_total = 0
         self._counter = None
@@ -86,14 +103,16 @@ class UdpSocketReaper:
                                     "destroyed (sock_diag SOCK_DESTROY)", registry=registry)
 
     def close(self) -> None:
-        if self.sock_rev is not None:
-            self.sock_rev.close()
-            self.sock_rev = None
+        for m in (self.sock_rev, self.sock_rev6):
+            if m is not None:
+                m.close()
+        self.sock_rev = self.sock_rev6 = None
 
     def _translated_any(self) -> bool:
         if self.sock_rev is None:
             self.sock_rev = BpfMap(self.sock_rev_path, SockRevKey, SockRevValue)
-        return next(iter(self.sock_rev.keys()), None) is not None
+            self.sock_rev6 = BpfMap(self.sock_rev_path + "6", SockRevKey6, SockRevValue6)
+        return any(next(iter(m.keys()), None) is not None for m in (self.sock_rev, self.sock_rev6))
 
     def reap(self, serving: dict[_Raw, frozenset[_Raw]]) -> int:
         """Destroy every stale socket; returns how many were destroyed. Raises KxlbError
@@ -101,13 +120,13 @@ class UdpSocketReaper:
         if not serving or not self._translated_any():  # the hooks translated nothing: no socket is ours
             return 0
         with SockDiag(self.ns) as diag:
-            stale = stale_udp_sockets(self.sock_rev, serving, diag.connected_udp())
+            stale = stale_udp_sockets(self.sock_rev, serving, diag.connected_udp(), self.sock_rev6)
             n = 0
             for st in stale:
                 if diag.destroy(st.sock):
                     n += 1
-                    log.debug("destroyed UDP socket %s: its backend no longer serves %s:%d", st.sock.describe(),
-                              raw_to_ip(st.frontend[0]), raw_to_port(st.frontend[1]))
+                    log.debug("destroyed UDP socket %s: its backend no longer serves %s", st.sock.describe(),
+                              _frontend_text(st.frontend))
         self.destroyed_total += n
         if self._counter is not None and n:
             self._counter.inc(n)

@@ -62,6 +62,13 @@ class UdpSocket:
             return socket.inet_ntoa(self.dst[12:])
         return None
 
+    @property
+    def peer_v6(self) -> str | None:
+        """The peer's IPv6 address (not an IPv4-mapped one), or None."""
+        if self.family == socket.AF_INET6 and self.dst[:12] != _V4_MAPPED:
+            return socket.inet_ntop(socket.AF_INET6, self.dst)
+        return None
+
     def describe(self) -> str:
         fam = socket.AF_INET if self.family == socket.AF_INET else socket.AF_INET6
         n = 4 if fam == socket.AF_INET else 16

@@ -15,7 +15,6 @@ import pytest
 
 from kxlb.controller.socks import UdpSocketReaper
 from kxlb.lab.netlab import NetLab
-from kxlb.loader.layout import ip_to_raw, port_to_raw
 
 PORT = 8080  # the echo servers' TCP and UDP port
 
@@ -262,30 +261,40 @@ out({"rows": rows, "directs": [[n, ask(s)] for n, s in directs], "other": ask(o)
 ''' % PORT
 
 
-@pytest.mark.parametrize("fam", ["v4", "v6"])
+@pytest.mark.parametrize("fam", ["v4", "v6", "ipv6-service"])
 def test_connected_udp_sockets_to_a_removed_backend_are_destroyed(host, fam):
     """The backend be0 leaves a UDP service: every connected UDP socket the hooks sent
     there is destroyed (a recv() waiting on it fails with ECONNABORTED at once), and its
     reconnect reaches a serving backend with the VIP as peer. Kept: sockets on serving
     backends, sockets connected straight to a backend address, a socket of a Service
     that was deleted (kube-proxy leaves those), and TCP."""
-    vip, other = ("10.96.8.1", "10.96.8.2") if fam == "v4" else ("10.96.8.3", "10.96.8.4")
-    host.kxlb("service", "add", f"{vip}:53/udp", *[host.be(i) for i in range(3)])
-    host.kxlb("service", "add", f"{vip}:80/tcp", *[host.be(i) for i in range(3)])
-    host.kxlb("service", "add", f"{other}:53/udp", host.be(0))
-    child = host.spawn(TEARDOWN_CHILD, fam, vip, other, "be0", *[host.lab.backend_ip(i) for i in range(3)])
+    from kxlb.controller.conntrack import serving_by_frontend
+    from kxlb.loader.layout import Backend, ServiceKey
+    from kxlb.loader.svcspec import LbService
+
+    vip, other = {"v4": ("10.96.8.1", "10.96.8.2"), "v6": ("10.96.8.3", "10.96.8.4"),
+                  "ipv6-service": ("fd00:96::8:5", "fd00:96::8:6")}[fam]
+    v6 = fam == "ipv6-service"
+    ip_of = host.lab.backend_ip6 if v6 else host.lab.backend_ip
+    be = (lambda i: f"[{ip_of(i)}]:{PORT}") if v6 else host.be
+    front = (lambda a: f"[{a}]") if v6 else (lambda a: a)
+    fam = "v6" if v6 else fam
+    host.kxlb("service", "add", f"{front(vip)}:53/udp", *[be(i) for i in range(3)])
+    host.kxlb("service", "add", f"{front(vip)}:80/tcp", *[be(i) for i in range(3)])
+    host.kxlb("service", "add", f"{front(other)}:53/udp", be(0))
+    child = host.spawn(TEARDOWN_CHILD, fam, vip, other, "be0", *[ip_of(i) for i in range(3)])
     try:
         first = json.loads(child.stdout.readline() or "null")
         assert first, child.stderr.read()
         doomed = first["names"].count("be0")
         assert doomed >= 1 and first["other"] == "be0"
-        host.kxlb("service", "set-backends", f"{vip}:53/udp", host.be(1), host.be(2))
-        host.kxlb("service", "set-backends", f"{vip}:80/tcp", host.be(1), host.be(2))
-        host.kxlb("service", "del", f"{other}:53/udp")
+        host.kxlb("service", "set-backends", f"{front(vip)}:53/udp", be(1), be(2))
+        host.kxlb("service", "set-backends", f"{front(vip)}:80/tcp", be(1), be(2))
+        host.kxlb("service", "del", f"{front(other)}:53/udp")
         # What the controller passes after that sync: the UDP frontends still
         # programmed, each with its serving endpoints (`other` is gone).
-        serving = {(ip_to_raw(vip), port_to_raw(53)):
-                   frozenset((ip_to_raw(host.lab.backend_ip(i)), port_to_raw(PORT)) for i in (1, 2))}
+        serving_set = frozenset(Backend(ip_of(i), PORT) for i in (1, 2))
+        serving = serving_by_frontend([(LbService.simple(ServiceKey(vip, 53, 17), serving_set), serving_set)])
         reaper = UdpSocketReaper(host.pin_dir, host.lab.node)
         try:
             t0 = time.monotonic()
