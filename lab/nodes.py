@@ -14,8 +14,10 @@ client, per-pod namespaces with routed veths, and a cgroup v2 directory per node
 
 Dual-stack: every address above has an IPv6 twin. The fabric is fd00:10:250::/64 (node
 i: fd00:10:250::(10+i), hex; the client ::64), node i's podCIDR fd00:10:244:i::/64 with
-pod 10.244.i.x at fd00:10:244:i::x, the pods' IPv6 gateway the link-local fe80::1 on
-every pod veth (as Calico and Cilium route), the service CIDR fd00:10:96::/112. Duplicate
+pod 10.244.i.x at fd00:10:244:i::x and the gateway fd00:10:244:i::1/128 on every pod veth
+(as IPv4's: so the node's own connections to a pod leave from it, and a masqueraded
+packet shows another source than the node's InternalIP, as over IPv4), the service CIDR
+fd00:10:96::/112. Duplicate
 address detection and router solicitations are off: addresses work at once and no host
 waits for a router advertisement that never comes.
 
@@ -48,7 +50,6 @@ SERVICE_CIDR = "10.96.0.0/16"
 FABRIC_CIDR6 = "fd00:10:250::/64"
 CLUSTER_CIDR6 = "fd00:10:244::/56"
 SERVICE_CIDR6 = "fd00:10:96::/112"   # the API server allows at most a /108 of IPv6 cluster IPs
-POD_GATEWAY6 = "fe80::1"
 LB_POOL = "10.250.100.0/24"          # load-balancer IPs (lab/lbpool.py assigns them)
 EXTERNAL_IP_RANGE = "10.250.200.0/24"  # for spec.externalIPs in tests and the demo
 # What the client (a router's view of the cluster) sends via node 1.
@@ -145,6 +146,10 @@ class NodeSpec:
     zone: str
     ip6: str = ""        # IPv6 InternalIP on the fabric
     pod_cidr6: str = ""  # IPv6 podCIDR
+
+    @property
+    def gateway6(self) -> str:
+        return str(ipaddress.ip_network(self.pod_cidr6).network_address + 1)
 
     def pod_ip6(self, ip: str) -> str:
         """The IPv6 twin of a pod's IPv4 address (the same host number)."""
@@ -319,7 +324,7 @@ class Topology:
                 f"addr add {node.gateway}/32 dev {veth}",
                 f"link set {veth} up",
                 f"route replace {ip}/32 dev {veth}",
-            ] + ([f"addr add {POD_GATEWAY6}/64 dev {veth} nodad", f"route replace {ip6}/128 dev {veth}"]
+            ] + ([f"addr add {node.gateway6}/128 dev {veth} nodad", f"route replace {ip6}/128 dev {veth}"]
                  if ip6 else []))
             ip_batch(ns, [
                 "link set lo up",
@@ -327,8 +332,8 @@ class Topology:
                 "link set eth0 up",
                 f"route add {node.gateway} dev eth0 scope link",
                 f"route add default via {node.gateway} dev eth0",
-            ] + ([f"addr add {ip6}/128 dev eth0 nodad", f"route add default via {POD_GATEWAY6} dev eth0"]
-                 if ip6 else []))
+            ] + ([f"addr add {ip6}/128 dev eth0 nodad", f"route add {node.gateway6} dev eth0",
+                  f"route add default via {node.gateway6} dev eth0"] if ip6 else []))
         except BaseException:
             self.del_pod(node, uid)
             raise

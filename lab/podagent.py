@@ -532,6 +532,9 @@ class Agent:
         }
 
     def node_status(self, since: str) -> dict:
+        """The whole status, sent as a JSON merge patch (lists replaced whole): a strategic
+        merge patch keys status.addresses by type, and a dual-stack node has two
+        InternalIPs, which it refuses (422)."""
         now = now_rfc3339()
         n = self.node
 
@@ -566,7 +569,7 @@ class Agent:
             if _status(exc) != 409:
                 raise
         self.ready_since = now_rfc3339()
-        self.core.patch_node_status(self.node.name, self.node_status(self.ready_since), _content_type=SMP,
+        self.core.patch_node_status(self.node.name, self.node_status(self.ready_since), _content_type=MERGE,
                                     _preload_content=False)
         self.renew_lease()
 
@@ -590,7 +593,7 @@ class Agent:
             ok = True
             try:
                 self.renew_lease()
-                self.core.patch_node_status(self.node.name, self.node_status(self.ready_since), _content_type=SMP,
+                self.core.patch_node_status(self.node.name, self.node_status(self.ready_since), _content_type=MERGE,
                                             _preload_content=False)
             except Exception as exc:  # noqa: BLE001
                 ok = False

@@ -24,8 +24,11 @@ output
     a frozenset of endpoint symbols, or "REJECT", "DROP"; masq: whether the endpoint
     sees another source address than the one the client sent from.
 
+IPv6 (the lab is dual-stack): TestNodePorts/ipv6 is ported as its own scenario, with
+IPv6 SingleStack Services, IPv6 EndpointSlices of the same pods, node 1's IPv6 address
+and the client's. The other tables are IPv4-only upstream.
+
 Left out (cannot be expressed in the lab):
-- every IPv6 row and sub-test (the lab is IPv4 only);
 - SCTP rows (the lab's echo pods serve TCP and UDP only);
 - TestNodePorts "secondary nodeIP ignores NodePorts" / "external to nodePort on
   secondary IP" (output ""/accepted on a second node IP): lab nodes have one IP and the
@@ -92,6 +95,7 @@ class Scenario:
     endpoints: dict            # short name -> ((pod symbol, conditions), ...); no key: no slice
     rows: tuple
     after_delete: tuple = ()   # rows checked again once the EndpointSlices are deleted
+    family: str = "IPv4"       # IPv6: SingleStack IPv6 Services, addressType IPv6 slices
 
 
 def _ready(*pods: str) -> tuple:
@@ -158,6 +162,11 @@ NODE_PORTS = Scenario(
         Row("external to nodePort", "external", "node_ip", "np:s", eps("l1", "r1"), masq=True),
         Row("node to nodePort", "node", "node_ip", "np:s", eps("l1", "r1"), masq=True),
     ))
+
+# ---- TestNodePorts (ipv6) ---------------------------------------------------------------
+NODE_PORTS6 = Scenario(
+    "node-ports-ipv6", "TestNodePorts/ipv6",
+    NODE_PORTS.services, NODE_PORTS.endpoints, NODE_PORTS.rows, family="IPv6")
 
 # ---- TestExternalTrafficPolicyLocal / Cluster -----------------------------------------------
 _BOTH = eps("l1", "r1")
@@ -282,7 +291,7 @@ INTERNAL_EXTERNAL_MASQ = Scenario(
         Row("external to LB with iTP:Local", "external", "lb_ip:c", 80, _C, masq=True),
     ))
 
-SCENARIOS = [NO_ENDPOINTS, CLUSTER_IP_GENERAL, LOAD_BALANCER, NODE_PORTS, ETP_LOCAL, ETP_CLUSTER,
+SCENARIOS = [NO_ENDPOINTS, CLUSTER_IP_GENERAL, LOAD_BALANCER, NODE_PORTS, NODE_PORTS6, ETP_LOCAL, ETP_CLUSTER,
              *ITP, *TERMINATING, INTERNAL_EXTERNAL_MASQ]
 
 # Pods the scenarios use: endpoints l1-l4 on node 1, r1-r3 on node 2, source "pod" on node 1.
@@ -300,7 +309,7 @@ a = json.loads(sys.argv[1])
 want, seen, out = set(a["want"]), set(), []
 for _ in range(a["tries"]):
     kind = socket.SOCK_STREAM if a["proto"] == "TCP" else socket.SOCK_DGRAM
-    s = socket.socket(socket.AF_INET, kind)
+    s = socket.socket(socket.AF_INET6 if ":" in a["addr"] else socket.AF_INET, kind)
     s.settimeout(a["timeout"])
     try:
         if a["bind"]:

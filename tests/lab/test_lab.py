@@ -40,8 +40,11 @@ def test_deployment_pods_ready_and_endpointslices(lab, k8s):
         st, node = p["status"], nodes[p["spec"]["nodeName"]]
         assert ipaddress.ip_address(st["podIP"]) in ipaddress.ip_network(node.pod_cidr)
         assert st["podIP"] != node.gateway
-        assert st["podIPs"] == [{"ip": st["podIP"]}]
+        # dual-stack: the IPv6 twin with the same host number, in the node's IPv6 podCIDR
+        assert st["podIPs"] == [{"ip": st["podIP"]}, {"ip": node.pod_ip6(st["podIP"])}]
+        assert ipaddress.ip_address(st["podIPs"][1]["ip"]) in ipaddress.ip_network(node.pod_cidr6)
         assert st["hostIP"] == node.ip and st["phase"] == "Running"
+        assert st["hostIPs"] == [{"ip": node.ip}, {"ip": node.ip6}]
         conds = {c["type"]: c["status"] for c in st["conditions"]}
         assert conds["Ready"] == conds["ContainersReady"] == conds["Initialized"] == conds["PodScheduled"] == "True"
         (cs,) = st["containerStatuses"]
@@ -112,7 +115,9 @@ def test_kubectl_status_and_exec(lab):
     for spec in lab.node_specs:
         n = nodes[spec.name]
         assert n["spec"]["podCIDR"] == spec.pod_cidr and not n["spec"].get("taints")
-        assert {"type": "InternalIP", "address": spec.ip} in n["status"]["addresses"]
+        assert n["spec"]["podCIDRs"] == [spec.pod_cidr, spec.pod_cidr6]
+        assert [a for a in n["status"]["addresses"] if a["type"] == "InternalIP"] == \
+            [{"type": "InternalIP", "address": spec.ip}, {"type": "InternalIP", "address": spec.ip6}]
         assert any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"])
         assert int(n["status"]["allocatable"]["pods"]) > 0
     # The node Lease is renewed.
@@ -128,7 +133,8 @@ def test_kubectl_status_and_exec(lab):
         [(n.name, n.netns, n.ip, n.pod_cidr) for n in lab.node_specs]
     assert st["client"] == {"netns": lab.client_ns, "ip": lab.client_ip, "present": True,
                             "routes": [f"{r} via {lab.node(1).ip}" for r in
-                                       ("10.96.0.0/16", "10.250.100.0/24", "10.250.200.0/24")]}
+                                       ("10.96.0.0/16", "10.250.100.0/24", "10.250.200.0/24")]
+                            + [f"fd00:10:96::/112 via {lab.node(1).ip6}"]}
 
     # exec node/NAME: the node's namespace and its cgroup; kubectl works there (API relay).
     n2 = lab.node(2)

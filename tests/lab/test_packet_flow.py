@@ -18,7 +18,7 @@ import time
 import pytest
 
 from kxlb.lab import kube
-from kxlb.lab.nodes import EXTERNAL_IP_RANGE, SERVICE_CIDR
+from kxlb.lab.nodes import EXTERNAL_IP_RANGE, SERVICE_CIDR, SERVICE_CIDR6
 
 import packetflow as pf
 
@@ -45,10 +45,12 @@ def flow_lab(lab):
     pods = k8s.ready_pods("app=pf-echo", len(pf.LOCAL_PODS) + len(pf.REMOTE_PODS), timeout=120)
     k8s.ready_pods("app=pf-client", 1, timeout=120)
     ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in pods}
+    ips6 = {p["metadata"]["name"]: next(a["ip"] for a in p["status"]["podIPs"] if ":" in a["ip"]) for p in pods}
     client_net = ipaddress.ip_interface(f"{lab.client_ip}/24").network
     blocked = str(client_net.network_address + 130)
     subprocess.run(["ip", "-n", lab.client_ns, "addr", "replace", f"{blocked}/32", "dev", "eth0"], check=True)
-    state = {"api": api, "k8s": k8s, "ns": ns, "ips": ips, "blocked": blocked, "proxy": None}
+    state = {"api": api, "k8s": k8s, "ns": ns, "ips": {"IPv4": ips, "IPv6": ips6}, "blocked": blocked,
+             "proxy": None}
 
     def use(mode: str):
         if state["proxy"] != mode:
@@ -65,8 +67,8 @@ def flow_lab(lab):
     api.close()
 
 
-def _service_body(name: str, svc: pf.Svc, lab, ext_ip: str) -> dict:
-    spec: dict = {"type": svc.type,
+def _service_body(name: str, svc: pf.Svc, lab, ext_ip: str, family: str) -> dict:
+    spec: dict = {"type": svc.type, "ipFamilyPolicy": "SingleStack", "ipFamilies": [family],
                   "ports": [{"name": n, "port": p, "protocol": proto, "targetPort": pf.ECHO_PORT}
                             for n, p, proto in svc.ports]}
     if svc.etp:
@@ -81,7 +83,7 @@ def _service_body(name: str, svc: pf.Svc, lab, ext_ip: str) -> dict:
     return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name}, "spec": spec}
 
 
-def _slice_body(name: str, svc_name: str, svc: pf.Svc, endpoints: tuple, lab, ips: dict) -> dict:
+def _slice_body(name: str, svc_name: str, svc: pf.Svc, endpoints: tuple, lab, ips: dict, family: str) -> dict:
     out = []
     for pod, (ready, serving, terminating) in endpoints:
         out.append({"addresses": [ips[pod]],
@@ -91,7 +93,7 @@ def _slice_body(name: str, svc_name: str, svc: pf.Svc, endpoints: tuple, lab, ip
     return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
             "metadata": {"name": name, "labels": {"kubernetes.io/service-name": svc_name,
                                                   "endpointslice.kubernetes.io/managed-by": MANAGED_BY}},
-            "addressType": "IPv4", "endpoints": out,
+            "addressType": family, "endpoints": out,
             "ports": [{"name": n, "port": pf.ECHO_PORT, "protocol": proto} for n, _, proto in svc.ports]}
 
 
@@ -100,13 +102,14 @@ def _setup(flow, lab, scenario: pf.Scenario, idx: int) -> tuple[dict, list]:
     from kubernetes import client
     core, disc = client.CoreV1Api(flow["api"]), client.DiscoveryV1Api(flow["api"])
     ns = flow["ns"]
-    addr: dict = {"node_ip": lab.node(1).ip,
-                  "unallocated": str(ipaddress.ip_network(SERVICE_CIDR).broadcast_address - 7)}
+    v6 = scenario.family == "IPv6"
+    addr: dict = {"node_ip": lab.node(1).ip6 if v6 else lab.node(1).ip,
+                  "unallocated": str(ipaddress.ip_network(SERVICE_CIDR6 if v6 else SERVICE_CIDR).broadcast_address - 7)}
     slices = []
     for j, (short, svc) in enumerate(scenario.services.items()):
         name = f"s{idx}-{short}"
         ext_ip = EXTERNAL_IP_RANGE.replace("0/24", str(20 + idx * 3 + j))
-        body = _service_body(name, svc, lab, ext_ip)
+        body = _service_body(name, svc, lab, ext_ip, scenario.family)
         created = kube._json(core.create_namespaced_service(ns, body, _preload_content=False))
         addr[f"cluster_ip:{short}"] = created["spec"]["clusterIP"]
         if svc.external_ip:
@@ -120,7 +123,8 @@ def _setup(flow, lab, scenario: pf.Scenario, idx: int) -> tuple[dict, list]:
                 return ing[0]["ip"] if ing else None
             addr[f"lb_ip:{short}"] = kube.wait_for(assigned, 30, f"load-balancer IP for {name}")
         if short in scenario.endpoints:
-            sl = _slice_body(f"{name}-manual", name, svc, scenario.endpoints[short], lab, flow["ips"])
+            sl = _slice_body(f"{name}-manual", name, svc, scenario.endpoints[short], lab,
+                             flow["ips"][scenario.family], scenario.family)
             disc.create_namespaced_endpoint_slice(ns, sl, _preload_content=False)
             slices.append(sl["metadata"]["name"])
     return addr, slices
@@ -164,7 +168,8 @@ def _probe(lab, flow, row: pf.Row, addr: dict) -> list:
     if row.source == "node":
         # upstream's source is the node IP: with socket-level balancing (kxlb) the socket
         # itself already takes the pod-side address, so compare with node 1's IP.
-        out = [[o, src, lab.node(1).ip if me else me] for o, src, me in out]
+        node_ip = lab.node(1).ip6 if ":" in dest else lab.node(1).ip
+        out = [[o, src, node_ip if me else me] for o, src, me in out]
     return out
 
 
