@@ -30,7 +30,7 @@ test: setup
 # The fuzzer of the test suite (100k frames there), longer: counts printed, no time limit.
 FUZZ_FRAMES ?= 1000000
 fuzz: setup
-	FUZZ_FRAMES=$(FUZZ_FRAMES) $(PY) -m pytest tests/test_fuzz.py -s -q -o timeout=0 $(PYTEST_ARGS)
+	FUZZ_FRAMES=$(FUZZ_FRAMES) $(PY) -m pytest tests/test_fuzz.py tests/test_fuzz6.py -s -q -o timeout=0 $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/prog_run.py
