@@ -584,10 +584,19 @@ IP_OPTIONS = [b"\x01", b"\x00", b"\x94\x04\x00\x00", b"\x07\x07\x04\x00\x00\x00\
               b"\x44\x0c\x05\x00" + bytes(8), b"\x83\x07\x04" + bytes(4), b"\x01\x01\x01"]
 
 
-class Fuzzer:
-    """Generates rounds of frames for both hooks from one seed and judges every output."""
+class FuzzerBase:
+    """What both families' fuzzers share: one seed, the bookkeeping of outcomes and
+    failures, sending a frame and judging it, opening flows, and the mutations that do
+    not depend on the IP header. A family says how to judge (``judge``), where a frame's
+    addresses and ports are (``SRC``, ``DST``, ``parse_l4``), and what it generates."""
 
     KEEP = 50  # failures kept per category (all are counted)
+    NAME = ""
+    FLIP_END = 90    # byte flips land in the headers: up to this offset
+    FLOW_KINDS = ("pod-cip-tcp", "pod-cip-udp", "outside-cip-tcp", "outside-nodeport-tcp", "outside-nodeport-udp",
+                  "pod-nodeport-udp")
+    # A family's addresses and flow type (class attributes of the subclass):
+    # PODS, OUTSIDE, NODE, CIP, BACKENDS, Flow, MUTATIONS; and l4_offset(frame).
 
     def __init__(self, table: ServiceTable, runners: dict[str, Runner], seed: int):
         self.table, self.runners, self.seed = table, runners, seed
@@ -598,21 +607,41 @@ class Fuzzer:
         self.failed: Counter = Counter()                                          # category -> count
         self.ports_exhausted: Counter = Counter()                                 # hook -> new flows
         self.known: dict[str, list[Failure]] = defaultdict(list)                  # bug name -> frames
-        self.translated_frags: dict[bytes, tuple[bytes, bytes]] = {}
         self.frames = 0                                                           # run through a program
         self.judged: Counter = Counter()                                          # per hook
         self.seconds = 0.0
         self._port = 1024 + self.rnd.randrange(20000)
-        self._ident = self.rnd.randrange(65536)
+
+    # -- what a family defines
+    def judge(self, hook: str, f: bytes, verdict: int, out: bytes) -> tuple[str, list[str]]:
+        raise NotImplementedError
+
+    @staticmethod
+    def l4_offset(frame: bytes) -> int:
+        raise NotImplementedError
+
+    def learn(self, f: bytes, outcome: str, out: bytes) -> None:
+        """Note what the oracle must know about later frames (a translated first fragment)."""
+
+    def follow(self, meta: Meta, f: bytes, outcome: str, out: bytes) -> list[str]:
+        """Checks across the pieces of a fragment train (``meta.train``)."""
+        return []
+
+    def fix(self, frame: bytearray) -> bytearray:
+        """The frame's checksums made right, as its sender would have."""
+        return frame
+
+    def extra_frames(self) -> list[tuple[bytearray, str]]:
+        """Frames sent every round besides the valid ones and a mutation."""
+        return []
 
     # -- bookkeeping
     def port(self) -> int:
         self._port = 1024 + (self._port - 1024 + 1) % 64000
         return self._port
 
-    def ident(self) -> int:
-        self._ident = (self._ident + 1) & 0xFFFF
-        return self._ident
+    def payload(self, most: int = 48) -> bytes:
+        return self.rnd.randbytes(self.rnd.randrange(most + 1))
 
     def fail(self, hook: str, meta: Meta, f: bytes, verdict: int, out: bytes, problems: list[str]) -> None:
         failure = Failure(hook, meta.category, bytes(f), verdict, out, problems)
@@ -638,20 +667,152 @@ class Fuzzer:
         self.frames += 1
         self.judged[hook] += 1
         self.verdicts[hook][verdict] += 1
-        outcome, problems = judge(hook, f, verdict, out, self.translated_frags)
+        outcome, problems = self.judge(hook, f, verdict, out)
+        self.learn(f, outcome, out)
+        if meta.expect:
+            problems = problems + meta.expect(self, f, outcome, out)
+        if meta.train is not None:
+            problems = problems + self.follow(meta, f, outcome, out)
+        self.counts[hook][(meta.category, outcome)] += 1
+        if problems:
+            self.fail(hook, meta, f, verdict, out, problems)
+        return outcome, verdict, out
+
+    # -- setup: flows made by real frames
+    def make_flow(self, hook: str, kind: str):
+        """A flow of ``kind`` (FLOW_KINDS), opened by real frames: its first packet and
+        the backend's answer run through the program, and the flow learns its backend
+        and masquerade address and port from the output. None if it could not open."""
+        rnd = self.rnd
+        proto = TCP if kind.endswith("tcp") else UDP
+        pod = kind.startswith("pod")
+        client = rnd.choice(self.PODS if pod else self.OUTSIDE)
+        if "nodeport" in kind:
+            front, fport = self.NODE, NP_TCP if proto == TCP else NP_UDP
+        else:
+            front, fport = self.CIP, TCP_PORT if proto == TCP else UDP_PORT
+        fl = self.Flow(proto, client, self.port(), front, fport)
+        masq = not pod or front == self.NODE
+        return fl if self._open_flow(hook, kind, fl, masq) else None
+
+    def _open_flow(self, hook: str, kind: str, fl, masq: bool) -> bool:
+        client, front, fport = fl.client, fl.front, fl.fport
+        node, backends, parse_l4 = self.NODE, self.BACKENDS, self.l4_offset
+        # The fuzzer opens masqueraded flows faster than they expire (UDP: 30 s), so the
+        # masquerade ports to a backend can run out: a drop is right then, if counted so.
+        no_port = self.table.datapath_counters()["snat_no_port"] if masq else 0
+        src_at, dst_at = self.SRC, self.DST
+
+        def opened(fz, f, outcome, out):
+            if outcome == "dropped" and masq and fz.table.datapath_counters()["snat_no_port"] > no_port:
+                fz.ports_exhausted[hook] += 1
+                return []
+            if outcome != "rewritten":
+                return [f"new flow ({kind}) not translated: {outcome}"]
+            l4 = parse_l4(out)
+            fl.backend, fl.src, fl.sport = bytes(out[dst_at]), bytes(out[src_at]), _be16(out, l4)
+            problems = []
+            if fl.backend not in backends or _be16(out, l4 + 2) != BACKEND_PORT:
+                problems.append("new flow not sent to a backend")
+            if masq and fl.src != node:
+                problems.append("flow from outside not masqueraded")
+            if not masq and (fl.src, fl.sport) != (client, fl.cport):
+                problems.append("pod's flow to a cluster IP masqueraded")
+            return problems
+
+        outcome, _, _ = self.send(hook, fl.forward(flags=0x02), Meta("setup", opened))
+        if outcome != "rewritten" or fl.backend not in backends:
+            return False
+
+        def answered(fz, f, outcome, out):
+            if outcome != "rewritten":
+                return [f"reply of {kind} not translated: {outcome}"]
+            l4 = parse_l4(out)
+            if (bytes(out[src_at]), _be16(out, l4), bytes(out[dst_at]), _be16(out, l4 + 2)) != \
+                    (front, fport, client, fl.cport):
+                return ["reply not translated back to the frontend and the client"]
+            return []
+
+        self.send(hook, fl.reply(flags=0x12), Meta("setup", answered))
+        return True
+
+    # -- mutations that do not depend on the IP header (each returns (frame, category) pairs)
+    def m_truncate(self, frames):
+        f = self.rnd.choice(frames)
+        return [(f[:cut], "truncate") for cut in range(14, len(f))]
+
+    def m_truncate_consistent(self, frames):
+        """Cut the IP datagram short and say so in its length field: a consistent,
+        shorter packet (``LENGTH``: the field's offset, the bytes before what it counts,
+        the shortest cut, the category)."""
+        at, before, shortest, category = self.LENGTH
+        f = self.rnd.choice(frames)
+        out = []
+        for cut in range(shortest, len(f)):
+            g = bytearray(f[:cut])
+            _put16(g, at, cut - before)
+            out.append((self.fix(g), category))
+        return out
+
+    def m_trailing(self, frames):
+        f = self.rnd.choice(frames)
+        n = self.rnd.randrange(1, 40)
+        tail = bytes(n) if self.rnd.random() < .5 else self.rnd.randbytes(n)   # padding, or garbage
+        return [(bytearray(f) + tail, "trailing bytes")]
+
+    def m_flip(self, frames):
+        f = bytearray(self.rnd.choice(frames))
+        rnd = self.rnd
+        for _ in range(rnd.randrange(1, 4)):
+            i = rnd.randrange(12, min(len(f), self.FLIP_END))
+            f[i] ^= 1 << rnd.randrange(8) if rnd.random() < .7 else rnd.randrange(1, 256)
+        return [(self.fix(f) if rnd.random() < .7 else f, "byte flips")]
+
+    def m_vlan(self, frames):
+        f = self.rnd.choice(frames)
+        tags = b"\x81\x00" + self.rnd.randbytes(2)
+        if self.rnd.random() < .3:
+            tags = b"\x88\xa8" + self.rnd.randbytes(2) + tags
+        return [(bytearray(f[:12] + tags + f[12:]), "vlan")]
+
+
+class Fuzzer(FuzzerBase):
+    """The IPv4 frames: generates rounds of frames for both hooks from one seed and
+    judges every output."""
+
+    NAME = "IPv4"
+    SRC, DST = slice(26, 30), slice(30, 34)
+    LENGTH = (16, 14, 34, "truncate+tot_len")   # tot_len counts from the IP header
+    PODS, OUTSIDE, NODE, CIP, BACKENDS = PODS, OUTSIDE, NODE_IP, CIP, BACKENDS
+
+    def __init__(self, table: ServiceTable, runners: dict[str, Runner], seed: int):
+        super().__init__(table, runners, seed)
+        self.translated_frags: dict[bytes, tuple[bytes, bytes]] = {}
+        self._ident = self.rnd.randrange(65536)
+
+    @staticmethod
+    def l4_offset(frame: bytes) -> int:
+        return parse(frame).l4
+
+    def ident(self) -> int:
+        self._ident = (self._ident + 1) & 0xFFFF
+        return self._ident
+
+    def judge(self, hook, f, verdict, out):
+        return judge(hook, f, verdict, out, self.translated_frags)
+
+    def learn(self, f, outcome, out):
         if outcome == "rewritten":
             p = parse(f)
             if p.ok and p.mf and p.off == 0:  # a translated first fragment: its train follows it
                 self.translated_frags[bytes(f[26:34]) + bytes((p.proto,)) + p.ident.to_bytes(2, "big")] = \
                     (out[26:30], out[30:34])
-        if meta.expect:
-            problems = problems + meta.expect(self, f, outcome, out)
-        if meta.train is not None:
-            problems = problems + self._follow(meta, f, outcome, out)
-        self.counts[hook][(meta.category, outcome)] += 1
-        if problems:
-            self.fail(hook, meta, f, verdict, out, problems)
-        return outcome, verdict, out
+
+    def fix(self, frame):
+        return fix(frame)
+
+    def follow(self, meta, f, outcome, out):
+        return self._follow(meta, f, outcome, out)
 
     def _follow(self, meta: Meta, f: bytes, outcome: str, out: bytes) -> list[str]:
         """Fragment trains: later pieces translated like the first, reassembly checked."""
@@ -679,58 +840,7 @@ class Fuzzer:
                         problems.append("reassembled datagram's L4 checksum invalid after translation")
         return problems
 
-    # -- setup: flows made by real frames
-    def make_flow(self, hook: str, kind: str) -> Flow | None:
-        rnd = self.rnd
-        proto = TCP if kind.endswith("tcp") else UDP
-        pod = kind.startswith("pod")
-        client = rnd.choice(PODS if pod else OUTSIDE)
-        if "nodeport" in kind:
-            front, fport = NODE_IP, NP_TCP if proto == TCP else NP_UDP
-        else:
-            front, fport = CIP, TCP_PORT if proto == TCP else UDP_PORT
-        fl = Flow(proto, client, self.port(), front, fport)
-        masq = not pod or front == NODE_IP
-        # The fuzzer opens masqueraded flows faster than they expire (UDP: 30 s), so the
-        # masquerade ports to a backend can run out: a drop is right then, if counted so.
-        no_port = self.table.datapath_counters()["snat_no_port"] if masq else 0
-
-        def opened(fz, f, outcome, out):
-            if outcome == "dropped" and masq and fz.table.datapath_counters()["snat_no_port"] > no_port:
-                fz.ports_exhausted[hook] += 1
-                return []
-            if outcome != "rewritten":
-                return [f"new flow ({kind}) not translated: {outcome}"]
-            p = parse(out)
-            fl.backend, fl.src, fl.sport = out[30:34], out[26:30], _be16(out, p.l4)
-            problems = []
-            if fl.backend not in BACKENDS or _be16(out, p.l4 + 2) != BACKEND_PORT:
-                problems.append("new flow not sent to a backend")
-            if masq and fl.src != NODE_IP:
-                problems.append("flow from outside not masqueraded")
-            if not masq and (fl.src, fl.sport) != (client, fl.cport):
-                problems.append("pod's flow to a cluster IP masqueraded")
-            return problems
-
-        outcome, _, _ = self.send(hook, fl.forward(flags=0x02), Meta("setup", opened))
-        if outcome != "rewritten" or fl.backend not in BACKENDS:
-            return None
-
-        def answered(fz, f, outcome, out):
-            if outcome != "rewritten":
-                return [f"reply of {kind} not translated: {outcome}"]
-            p = parse(out)
-            if (out[26:30], _be16(out, p.l4), out[30:34], _be16(out, p.l4 + 2)) != (front, fport, client, fl.cport):
-                return ["reply not translated back to the frontend and the client"]
-            return []
-
-        self.send(hook, fl.reply(flags=0x12), Meta("setup", answered))
-        return fl
-
     # -- templates
-    def payload(self, most: int = 48) -> bytes:
-        return self.rnd.randbytes(self.rnd.randrange(most + 1))
-
     def valid_frames(self, flows: list[Flow]) -> list[bytearray]:
         """Frames of every kind the datapath handles, all well-formed."""
         rnd, pl = self.rnd, self.payload
@@ -771,20 +881,6 @@ class Fuzzer:
         return packet(fl.client, fl.front, ICMP, body)
 
     # -- mutations (each returns (frame, category) pairs)
-    def m_truncate(self, frames):
-        f = self.rnd.choice(frames)
-        return [(f[:cut], "truncate") for cut in range(14, len(f))]
-
-    def m_truncate_consistent(self, frames):
-        """Cut the IP datagram short and say so in tot_len: a consistent, shorter packet."""
-        f = self.rnd.choice(frames)
-        out = []
-        for cut in range(34, len(f)):
-            g = bytearray(f[:cut])
-            _put16(g, 16, cut - 14)
-            out.append((fix(g), "truncate+tot_len"))
-        return out
-
     def m_ihl(self, frames):
         f = self.rnd.choice(frames)
         out = []
@@ -835,20 +931,6 @@ class Fuzzer:
         _put16(g, 16, _be16(g, 16) + len(opts))
         return [(fix(g), "ip options")]
 
-    def m_trailing(self, frames):
-        f = self.rnd.choice(frames)
-        n = self.rnd.randrange(1, 40)
-        tail = bytes(n) if self.rnd.random() < .5 else self.rnd.randbytes(n)   # padding, or garbage
-        return [(bytearray(f) + tail, "trailing bytes")]
-
-    def m_flip(self, frames):
-        f = bytearray(self.rnd.choice(frames))
-        rnd = self.rnd
-        for _ in range(rnd.randrange(1, 4)):
-            i = rnd.randrange(12, min(len(f), 90))
-            f[i] ^= 1 << rnd.randrange(8) if rnd.random() < .7 else rnd.randrange(1, 256)
-        return [(fix(f) if rnd.random() < .7 else f, "byte flips")]
-
     def m_ethertype(self, frames):
         f = bytearray(self.rnd.choice(frames))
         et = self.rnd.choice((0x86DD, 0x0806, 0x8100, 0x88A8, 0x0000, 0xFFFF, 0x0801, 0x0008, 0x8847,
@@ -859,13 +941,6 @@ class Fuzzer:
             f += bytes(54 - len(f))
         f[12:14] = et.to_bytes(2, "big")
         return [(f, "ethertype")]
-
-    def m_vlan(self, frames):
-        f = self.rnd.choice(frames)
-        tags = b"\x81\x00" + self.rnd.randbytes(2)
-        if self.rnd.random() < .3:
-            tags = b"\x88\xa8" + self.rnd.randbytes(2) + tags
-        return [(bytearray(f[:12] + tags + f[12:]), "vlan")]
 
     def m_icmp(self, flows):
         fl, rnd = self.rnd.choice(flows), self.rnd
@@ -968,35 +1043,36 @@ MUTATIONS = [  # (weight, method name, input): ~ share of frames
     (40, "m_flip", "frames"), (8, "m_ethertype", "frames"), (8, "m_vlan", "frames"), (30, "m_icmp", "flows"),
     (12, "m_icmp_trailing", "flows"), (12, "m_fragments", "flows"), (6, "m_udp_csum_edge", "flows"),
 ]
-FLOW_KINDS = ("pod-cip-tcp", "pod-cip-udp", "outside-cip-tcp", "outside-nodeport-tcp", "outside-nodeport-udp",
-              "pod-nodeport-udp")
+Fuzzer.MUTATIONS, Fuzzer.Flow = MUTATIONS, Flow
 
 
-def run(fuzzer: Fuzzer, hook: str, frames: int, round_size: int = 1500) -> None:
+def run(fuzzer: FuzzerBase, hook: str, frames: int, round_size: int = 1500) -> None:
     """Rounds of: fresh flows through the program, then mutated frames about them, until
     ``frames`` frames have been judged on ``hook``."""
     start, goal = time.monotonic(), fuzzer.frames + frames
     rnd = fuzzer.rnd
-    weights = [w for w, _, _ in MUTATIONS]
+    weights = [w for w, _, _ in fuzzer.MUTATIONS]
     while fuzzer.frames < goal:
-        flows = [fl for fl in (fuzzer.make_flow(hook, k) for k in FLOW_KINDS) if fl]
+        flows = [fl for fl in (fuzzer.make_flow(hook, k) for k in fuzzer.FLOW_KINDS) if fl]
         if not flows:
-            raise AssertionError(f"{hook}: no flow could be made: {dict(fuzzer.failures)}")
+            raise AssertionError(f"{hook}: no {fuzzer.NAME} flow could be made: {dict(fuzzer.failures)}")
         end = min(goal, fuzzer.frames + round_size)
         while fuzzer.frames < end:
             base = fuzzer.valid_frames(flows)
             for f in rnd.sample(base, 2):
                 fuzzer.send(hook, f, Meta("valid"))
-            _, name, source = rnd.choices(MUTATIONS, weights)[0]
+            for f, cat in fuzzer.extra_frames():
+                fuzzer.send(hook, f, Meta(cat))
+            _, name, source = rnd.choices(fuzzer.MUTATIONS, weights)[0]
             for item in getattr(fuzzer, name)(base if source == "frames" else flows):
                 frame, cat = item[0], item[1]
                 fuzzer.send(hook, frame, item[2] if len(item) > 2 else Meta(cat))
     fuzzer.seconds += time.monotonic() - start
 
 
-def report(fuzzer: Fuzzer) -> str:
+def report(fuzzer: FuzzerBase) -> str:
     """Frames per category and outcome, and verdicts, per hook."""
-    lines = [f"kxlb fuzz: seed {fuzzer.seed}, {fuzzer.frames} frames in {fuzzer.seconds:.1f} s "
+    lines = [f"kxlb fuzz ({fuzzer.NAME}): seed {fuzzer.seed}, {fuzzer.frames} frames in {fuzzer.seconds:.1f} s "
              f"({fuzzer.frames / max(fuzzer.seconds, 1e-9):.0f}/s)"]
     outcomes = ["untouched", "rewritten", "dropped", "rejected", "refused by the kernel", "known bug"]
     for hook, counts in fuzzer.counts.items():

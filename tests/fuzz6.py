@@ -25,12 +25,10 @@ from __future__ import annotations
 import random
 import socket
 import struct
-import time
-from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from fuzz import (CLIENT_MAC, NODE_MAC, TCP, UDP, VERDICTS, Failure, Meta, Runner, _be16, _put16, csum_compute,
-                  csum_valid, tcp, udp)
+from fuzz import (BACKEND_PORT, CLIENT_MAC, NODE_MAC, NP_EMPTY, NP_TCP, NP_UDP, TCP, TCP_PORT, UDP, UDP_PORT,
+                  VERDICTS, FuzzerBase, _be16, _put16, csum_compute, csum_valid, tcp, udp)
 from kxlb.loader.layout import Backend, ServiceKey
 from kxlb.loader.services import DatapathConfig, ServiceTable
 from kxlb.loader.svcspec import Frontend, Kind, LbService
@@ -52,8 +50,6 @@ CIP6 = ip6("fd00:96::10")                  # TCP :80 and UDP :53, with NodePorts
 EMPTY6 = ip6("fd00:96::20")                # without endpoints (NodePort 30081): rejected
 UNALLOCATED6 = ip6("fd00:96::99")          # in the service CIDR, no Service: dropped
 BACKENDS6 = (ip6("fd00:10:1::11"), ip6("fd00:10:2::11"), ip6("fd00:10:2::12"))
-BACKEND_PORT = 8080
-TCP_PORT, UDP_PORT, NP_TCP, NP_UDP, NP_EMPTY = 80, 53, 30080, 30053, 30081
 PODS6 = [ip6(f"fd00:10:{a}::{b:x}") for a in (3, 4) for b in range(2, 40)]
 OUTSIDE6 = [ip6(f"2001:db8:{a}::{b:x}") for a in (1, 2) for b in range(2, 40)]
 FOREIGN6 = [ip6("fd00:10:7::7"), ip6("2001:db8:99::8"), ip6("2606:4700::1111")]
@@ -404,104 +400,42 @@ class Flow6:
         return bytes(packet6(self.front, self.client, self.proto, self.l4(self.fport, self.cport, payload)))[14:]
 
 
-FLOW_KINDS = ("pod-cip-tcp", "pod-cip-udp", "outside-cip-tcp", "outside-nodeport-tcp", "outside-nodeport-udp",
-              "pod-nodeport-udp")
 CATEGORIES = ("setup", "valid", "control messages", "truncate", "truncate+payload length", "payload length",
               "byte flips", "trailing bytes", "extension headers", "vlan", "icmpv6 error (tracked flow)",
               "icmpv6 error (masqueraded flow)", "icmpv6 error (bad quote)", "fragments in order",
               "fragments reversed", "fragments shuffled", "fragments without the first")
 
 
-class Fuzzer6:
-    KEEP = 50
+class Fuzzer6(FuzzerBase):
+    """The IPv6 frames (fuzz.FuzzerBase does the bookkeeping and the sending)."""
 
-    def __init__(self, table: ServiceTable, runners: dict[str, Runner], seed: int):
-        self.table, self.runners, self.seed = table, runners, seed
-        self.rnd = random.Random(seed)
-        self.counts: dict[str, Counter] = {h: Counter() for h in runners}
-        self.verdicts: dict[str, Counter] = {h: Counter() for h in runners}
-        self.failures: dict[str, list[Failure]] = defaultdict(list)
-        self.failed: Counter = Counter()
+    NAME = "IPv6"
+    SRC, DST = slice(22, 38), slice(38, 54)
+    LENGTH = (18, 54, 55, "truncate+payload length")   # the payload length counts after the fixed header
+    FLIP_END = 110
+    PODS, OUTSIDE, NODE, CIP, BACKENDS = PODS6, OUTSIDE6, NODE6, CIP6, BACKENDS6
+
+    def __init__(self, table, runners, seed: int):
+        super().__init__(table, runners, seed)
         self.translated: dict[bytes, bool] = {}
-        self.frames, self.seconds = 0, 0.0
-        self.judged: Counter = Counter()
-        self._port = 1024 + self.rnd.randrange(20000)
 
-    def port(self) -> int:
-        self._port = 1024 + (self._port - 1024 + 1) % 60000
-        return self._port
+    @staticmethod
+    def l4_offset(frame: bytes) -> int:
+        return parse6(frame).l4
 
-    def payload(self, most: int = 48) -> bytes:
-        return self.rnd.randbytes(self.rnd.randrange(most + 1))
+    def judge(self, hook, f, verdict, out):
+        return judge6(hook, f, verdict, out, self.translated)
 
-    def send(self, hook: str, frame, meta: Meta) -> tuple[str, bytes]:
-        runner, f = self.runners[hook], bytes(frame)
-        try:
-            verdict, out = runner.run(f)
-        except OSError:
-            if not runner.refused(f):
-                raise
-            self.counts[hook][(meta.category, "refused by the kernel")] += 1
-            return "refused", b""
-        self.frames += 1
-        self.judged[hook] += 1
-        self.verdicts[hook][verdict] += 1
-        outcome, problems = judge6(hook, f, verdict, out, self.translated)
+    def learn(self, f, outcome, out):
         p = parse6(f)
         if outcome == "rewritten" and p.ok and p.frag and p.first:
             self.translated[frag_key(f, p)] = True
-        if meta.expect:
-            problems = problems + meta.expect(self, f, outcome, out)
-        self.counts[hook][(meta.category, outcome)] += 1
-        if problems:
-            self.failed[meta.category] += 1
-            if len(self.failures[meta.category]) < self.KEEP:
-                self.failures[meta.category].append(Failure(hook, meta.category, f, verdict, out, problems))
-        return outcome, out
 
-    def make_flow(self, hook: str, kind: str) -> Flow6 | None:
-        rnd = self.rnd
-        proto = TCP if kind.endswith("tcp") else UDP
-        pod = kind.startswith("pod")
-        client = rnd.choice(PODS6 if pod else OUTSIDE6)
-        if "nodeport" in kind:
-            front, fport = NODE6, NP_TCP if proto == TCP else NP_UDP
-        else:
-            front, fport = CIP6, TCP_PORT if proto == TCP else UDP_PORT
-        fl = Flow6(proto, client, self.port(), front, fport)
-        masq = not pod or front == NODE6
-        no_port = self.table.datapath_counters()["snat_no_port"] if masq else 0
+    def fix(self, frame):
+        return fix6(frame)
 
-        def opened(fz, f, outcome, out):
-            if outcome == "dropped" and masq and fz.table.datapath_counters()["snat_no_port"] > no_port:
-                return []   # masquerade ports to that backend used up (counted): a drop is right
-            if outcome != "rewritten":
-                return [f"new flow ({kind}) not translated: {outcome}"]
-            p = parse6(out)
-            fl.backend, fl.src, fl.sport = bytes(out[38:54]), bytes(out[22:38]), _be16(out, p.l4)
-            problems = []
-            if fl.backend not in BACKENDS6 or _be16(out, p.l4 + 2) != BACKEND_PORT:
-                problems.append("new flow not sent to a backend")
-            if masq and fl.src != NODE6:
-                problems.append("flow from outside not masqueraded")
-            if not masq and (fl.src, fl.sport) != (client, fl.cport):
-                problems.append("pod's flow to a cluster IP masqueraded")
-            return problems
-
-        outcome, _ = self.send(hook, fl.forward(flags=0x02), Meta("setup", opened))
-        if outcome != "rewritten" or fl.backend not in BACKENDS6:
-            return None
-
-        def answered(fz, f, outcome, out):
-            if outcome != "rewritten":
-                return [f"reply of {kind} not translated: {outcome}"]
-            p = parse6(out)
-            if (bytes(out[22:38]), _be16(out, p.l4), bytes(out[38:54]), _be16(out, p.l4 + 2)) != \
-                    (front, fport, client, fl.cport):
-                return ["reply not translated back to the frontend and the client"]
-            return []
-        self.send(hook, fl.reply(flags=0x12), Meta("setup", answered))
-        return fl
+    def extra_frames(self):
+        return self.control_frames()
 
     def valid_frames(self, flows: list[Flow6]) -> list[bytearray]:
         rnd, pl = self.rnd, self.payload
@@ -545,19 +479,6 @@ class Fuzzer6:
         return packet6(fl.client, fl.front, ICMP6, body)
 
     # -- mutations
-    def m_truncate(self, frames):
-        f = self.rnd.choice(frames)
-        return [(f[:cut], "truncate") for cut in range(14, len(f))]
-
-    def m_truncate_consistent(self, frames):
-        f = self.rnd.choice(frames)
-        out = []
-        for cut in range(55, len(f)):
-            g = bytearray(f[:cut])
-            _put16(g, 18, cut - 54)
-            out.append((fix6(g), "truncate+payload length"))
-        return out
-
     def m_payload_length(self, frames):
         f = self.rnd.choice(frames)
         real = len(f) - 54
@@ -568,23 +489,6 @@ class Fuzzer6:
                 _put16(g, 18, v)
                 out.append((fix6(g) if self.rnd.random() < .7 else g, "payload length"))
         return out
-
-    def m_flip(self, frames):
-        f = bytearray(self.rnd.choice(frames))
-        rnd = self.rnd
-        for _ in range(rnd.randrange(1, 4)):
-            i = rnd.randrange(12, min(len(f), 110))
-            f[i] ^= 1 << rnd.randrange(8) if rnd.random() < .7 else rnd.randrange(1, 256)
-        return [(fix6(f) if rnd.random() < .7 else f, "byte flips")]
-
-    def m_trailing(self, frames):
-        f = self.rnd.choice(frames)
-        n = self.rnd.randrange(1, 40)
-        return [(bytearray(f) + (bytes(n) if self.rnd.random() < .5 else self.rnd.randbytes(n)), "trailing bytes")]
-
-    def m_vlan(self, frames):
-        f = self.rnd.choice(frames)
-        return [(bytearray(f[:12] + b"\x81\x00" + self.rnd.randbytes(2) + f[12:]), "vlan")]
 
     def m_ext(self, flows):
         """A flow's packet, or a new one, behind a chain of extension headers: options,
@@ -644,36 +548,4 @@ MUTATIONS = [(3, "m_truncate", "frames"), (2, "m_truncate_consistent", "frames")
              (20, "m_ext", "flows"), (30, "m_icmp", "flows"), (12, "m_fragments", "flows")]
 
 
-def run(fz: Fuzzer6, hook: str, frames: int, round_size: int = 1500) -> None:
-    start, goal = time.monotonic(), fz.frames + frames
-    rnd = fz.rnd
-    weights = [w for w, _, _ in MUTATIONS]
-    while fz.frames < goal:
-        flows = [fl for fl in (fz.make_flow(hook, k) for k in FLOW_KINDS) if fl]
-        if not flows:
-            raise AssertionError(f"{hook}: no IPv6 flow could be made: {dict(fz.failures)}")
-        end = min(goal, fz.frames + round_size)
-        while fz.frames < end:
-            base = fz.valid_frames(flows)
-            for f in rnd.sample(base, 2):
-                fz.send(hook, f, Meta("valid"))
-            for f, cat in fz.control_frames():
-                fz.send(hook, f, Meta(cat))
-            _, name, source = rnd.choices(MUTATIONS, weights)[0]
-            for frame, cat in getattr(fz, name)(base if source == "frames" else flows):
-                fz.send(hook, frame, Meta(cat))
-    fz.seconds += time.monotonic() - start
-
-
-def report(fz: Fuzzer6) -> str:
-    lines = [f"kxlb fuzz (IPv6): seed {fz.seed}, {fz.frames} frames in {fz.seconds:.1f} s"]
-    outcomes = ["untouched", "rewritten", "dropped", "rejected", "refused by the kernel"]
-    for hook, counts in fz.counts.items():
-        lines.append(f"  {hook}: " + ", ".join(f"{VERDICTS[hook].get(v, '?')}({v:#x}) {n}"
-                                                for v, n in sorted(fz.verdicts[hook].items())))
-        lines.append(f"    {'category':34}" + "".join(f"{o[:10]:>11}" for o in outcomes))
-        for c in sorted({c for c, _ in counts}):
-            lines.append(f"    {c:34}" + "".join(f"{counts[(c, o)]:>11}" for o in outcomes))
-    for cat, n in fz.failed.items():
-        lines.append(f"  FAILURES in {cat}: {n}")
-    return "\n".join(lines)
+Fuzzer6.MUTATIONS, Fuzzer6.Flow = MUTATIONS, Flow6

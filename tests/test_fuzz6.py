@@ -32,7 +32,7 @@ def fuzzed(dp, table):
     runners = {"tc": fuzz.Runner("tc", datapath.tc_fd), "xdp": fuzz.Runner("xdp", datapath.xdp_fd)}
     fz = fuzz6.Fuzzer6(table, runners, SEED)
     for hook in runners:
-        fuzz6.run(fz, hook, FRAMES // len(runners))
+        fuzz.run(fz, hook, FRAMES // len(runners))
     return fz
 
 
@@ -79,7 +79,7 @@ def test_fuzz6_ran_every_path(fuzzed, hook, capsys):
     meant to translate: a broken set-up cannot pass as 'nothing failed'."""
     if hook == "tc":
         with capsys.disabled():
-            print("\n" + fuzz6.report(fuzzed))
+            print("\n" + fuzz.report(fuzzed))
     counts = fuzzed.counts[hook]
     assert fuzzed.judged[hook] >= FRAMES // 2
     by_outcome = {o: sum(n for (_, oo), n in counts.items() if oo == o)
