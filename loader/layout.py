@@ -342,14 +342,6 @@ def format_addr_port(addr: str, port: int) -> str:
     return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
 
 
-def parse_ipv4(text: str, what: str) -> str:
-    try:
-        addr = ipaddress.IPv4Address(text)
-    except ValueError:
-        raise KxlbError(f"{what}: {text!r} is not an IPv4 address") from None
-    return str(addr)
-
-
 def parse_port(text: str | int, what: str) -> int:
     try:
         port = int(text)

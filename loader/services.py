@@ -71,13 +71,13 @@ def _pack_slots(svc_id: int, gen: int, spec: LbService, tables: tuple[int, int])
     (slot keys, slot values, chunk keys, chunk values, chunk count)."""
     sid = struct.pack("=I", svc_id)
     fam = spec.key.family
-    aton, pads = fam.pton, _PORT_PAD
+    pton, pads = fam.pton, _PORT_PAD
     slot_keys, slot_vals, table_keys, table_vals = [], [], [], []
     n_chunks = 0
     for set_, backends, m in zip(SETS, (spec.cluster, spec.local), tables):
         if not backends:
             continue
-        vals = b"".join([aton(b.addr) + (pads.get(b.port) or pads.setdefault(b.port, b.port.to_bytes(2, "big") + b"\0\0"))
+        vals = b"".join([pton(b.addr) + (pads.get(b.port) or pads.setdefault(b.port, b.port.to_bytes(2, "big") + b"\0\0"))
                          for b in backends])
         slot_keys.append(_keys(sid, gen, set_, len(backends)))
         slot_vals.append(vals)
