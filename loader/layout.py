@@ -302,10 +302,6 @@ def family_of(ip: str) -> Family:
     return V6 if ":" in ip else V4
 
 
-def family_named(version: int) -> Family:
-    return V6 if version == 6 else V4
-
-
 # --- boundary types -------------------------------------------------------------------
 
 def parse_ip(text: str, what: str) -> str:
