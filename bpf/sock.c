@@ -14,17 +14,6 @@
  * show. The translation itself is sock.tmpl.h, once per family. */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/in.h>
-/* SOCK_STREAM / SOCK_DGRAM (asm-generic values; x86 uses them) */
-#define SOCK_STREAM_ 1
-#define SOCK_DGRAM_ 2
-
-#define ECONNREFUSED_ 111
-#define ETIMEDOUT_ 110
-
-/* How many slots of a service a socket may try when the chosen backend already
- * answers it for another VIP (see sock_pick_unshared()). */
-#define SOCK_REV_TRIES 8
-
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #define V4_MAPPED_WORD 0xffff0000u /* htonl(0x0000ffff): ::ffff:0:0/96's third word */
 #else
@@ -36,19 +25,8 @@
 #include "hash.h"
 #include "addr6.h"
 #include "lb.h"
+#include "sock.h"
 
-static __always_inline __u8 sock_proto(struct bpf_sock_addr *ctx)
-{
-	if (ctx->type == SOCK_STREAM_)
-		return IPPROTO_TCP;
-	if (ctx->type == SOCK_DGRAM_)
-		return IPPROTO_UDP;
-	return 0;
-}
-
-/* Fail the socket call with `err` (a negative errno) instead of the hook's EPERM:
- * ECONNREFUSED is what a rejected connection gives a client under kube-proxy. */
-static long (*kx_set_retval)(int retval) = (void *)BPF_FUNC_set_retval;
 
 /* The translation of each family: sock_translate()/sock_untranslate() for IPv4
  * services, sock_translate6()/sock_untranslate6() for IPv6 ones. */

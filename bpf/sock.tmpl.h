@@ -3,6 +3,8 @@
  * decision (lb.tmpl.h lb_decide()) and sock_rev, written once for both families
  * (family.tmpl.h). sock.c includes it for IPv4 and for IPv6. */
 #include "family.tmpl.h"
+#include "hash.h"
+#include "sock.h"
 #include "lb.tmpl.h"
 #ifndef KX_(KXLB_SOCK_TMPL_H)
 #define KX_(KXLB_SOCK_TMPL_H)
@@ -71,15 +73,15 @@ static __always_inline void KX_(sock_pick_unshared)(__u64 cookie, const struct K
 	/* Unrolled by hand (SOCK_REV_TRIES candidates): as a loop, clang derives the
 	 * counter from n, the verifier cannot bound it and walks the loop until it gives
 	 * up. */
-	if (sock_try_slot(cookie, sk, &bk, hash, 0, n, be) ||
-	    sock_try_slot(cookie, sk, &bk, hash, 1, n, be) ||
-	    sock_try_slot(cookie, sk, &bk, hash, 2, n, be) ||
-	    sock_try_slot(cookie, sk, &bk, hash, 3, n, be) ||
-	    sock_try_slot(cookie, sk, &bk, hash, 4, n, be) ||
-	    sock_try_slot(cookie, sk, &bk, hash, 5, n, be) ||
-	    sock_try_slot(cookie, sk, &bk, hash, 6, n, be))
+	if (KX_(sock_try_slot)(cookie, sk, &bk, hash, 0, n, be) ||
+	    KX_(sock_try_slot)(cookie, sk, &bk, hash, 1, n, be) ||
+	    KX_(sock_try_slot)(cookie, sk, &bk, hash, 2, n, be) ||
+	    KX_(sock_try_slot)(cookie, sk, &bk, hash, 3, n, be) ||
+	    KX_(sock_try_slot)(cookie, sk, &bk, hash, 4, n, be) ||
+	    KX_(sock_try_slot)(cookie, sk, &bk, hash, 5, n, be) ||
+	    KX_(sock_try_slot)(cookie, sk, &bk, hash, 6, n, be))
 		return;
-	sock_try_slot(cookie, sk, &bk, hash, 7, n, be);
+	KX_(sock_try_slot)(cookie, sk, &bk, hash, 7, n, be);
 }
 
 /* VIP:port (network order, as in the socket address) -> backend for this socket, with

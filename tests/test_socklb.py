@@ -183,15 +183,22 @@ for i in range(n):
 '''
 
 
-@pytest.mark.parametrize("fam", ["v4", "v6"])
+@pytest.mark.parametrize("fam", ["v4", "v6", "ipv6-service"])
 def test_one_socket_two_vips_sharing_a_backend_get_replies_from_the_right_vip(host, fam):
     """sock_rev is keyed (socket, backend): VIP a's only backend be0 is also one of VIP
     b's. A socket that already uses be0 for a gets another backend of b (be1), so each
     reply shows its own VIP. Without that, half the sockets would hash b to be0 and see
-    qa's reply come from b."""
-    a, b = ("10.96.7.5", "10.96.7.6") if fam == "v4" else ("10.96.7.7", "10.96.7.8")
-    host.kxlb("service", "add", f"{a}:53/udp", host.be(0))
-    host.kxlb("service", "add", f"{b}:53/udp", host.be(0), host.be(1))
+    qa's reply come from b. The same for IPv6 services (sock_rev6)."""
+    if fam == "ipv6-service":
+        a, b = "fd00:96::7:5", "fd00:96::7:6"
+        be = [f"[{host.lab.backend_ip6(i)}]:{PORT}" for i in range(2)]
+        host.kxlb("service", "add", f"[{a}]:53/udp", be[0])
+        host.kxlb("service", "add", f"[{b}]:53/udp", *be)
+        fam = "v6"
+    else:
+        a, b = ("10.96.7.5", "10.96.7.6") if fam == "v4" else ("10.96.7.7", "10.96.7.8")
+        host.kxlb("service", "add", f"{a}:53/udp", host.be(0))
+        host.kxlb("service", "add", f"{b}:53/udp", host.be(0), host.be(1))
     rows = host.run(TWO_QUERIES, fam, a, b, 16)
     assert len(rows) == 16
     for got in rows:
