@@ -2,7 +2,8 @@
 
 For each number of Services (N: 1, 1k, 10k by default; 30k with --sizes), with N Services
 of 10 endpoints each present, and for each proxy in turn on every node of the lab
-(`lab/cluster.py` PROXY_MODES: none, kube-proxy-iptables, kube-proxy (nftables), kxlb (tc),
+(`lab/cluster.py` PROXY_MODES: none, kube-proxy-iptables (the host's iptables, nf_tables
+backend), kube-proxy-iptables-legacy (x_tables backend), kube-proxy (nftables), kxlb (tc),
 kxlb-xdp), this measures:
 
 - **sync**: from the proxy's start to the newest Service answering from outside (the
@@ -51,7 +52,7 @@ from stats import rss_mb  # noqa: E402
 
 from kxlb.lab import kube  # noqa: E402
 from kxlb.lab.client import tcp_exchange  # noqa: E402
-from kxlb.lab.cluster import PROXY_MODES, Lab  # noqa: E402
+from kxlb.lab.cluster import PROXY_MODES, Lab, LabError  # noqa: E402
 from kxlb.lab.nodes import CLUSTER_CIDR, run  # noqa: E402
 from kxlb.loader.netns import netns  # noqa: E402
 
@@ -60,7 +61,7 @@ LAB_NAME, PORT_OFFSET = "kxbe", 4000        # its own lab: never a developer's o
 NS, BG_NS = "bench-e2e", "bench-e2e-bg"
 ENDPOINTS = 10                              # pods behind every Service
 ECHO_PORT, VIP_PORT, IPERF_PORT = 8080, 80, 5201
-DEFAULT_PROXIES = ("none", "kube-proxy-iptables", "kube-proxy", "kxlb", "kxlb-xdp")
+DEFAULT_PROXIES = ("none", "kube-proxy-iptables", "kube-proxy-iptables-legacy", "kube-proxy", "kxlb", "kxlb-xdp")
 MANAGED_BY = "bench-e2e.kxlb.io"
 
 
@@ -382,8 +383,9 @@ def main() -> None:
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/bench-e2e.md and README's table")
     ap.add_argument("--keep", action="store_true", help="leave the lab (and its Services) up for a next run")
     ap.add_argument("--merge", action="store_true",
-                    help="keep the saved rows (and notes) of sizes this run does not measure, so a long series "
-                         "can be run in parts; each size's rows still come from one run")
+                    help="keep the saved rows of sizes this run does not measure (and the notes about proxies "
+                         "and sizes it does not), so a long series can be run in parts; each size's rows still "
+                         "come from one run")
     a = ap.parse_args()
     sizes = sorted({int(x) for x in a.sizes.split(",")})
     proxies = [p for p in a.proxies.split(",") if p]
@@ -401,7 +403,7 @@ def main() -> None:
     b = bring_up()
     rows: list[Row] = []
     notes: list[str] = []
-    kept_rows, kept_notes = (kept_results(json.loads((out / "results.json").read_text()), sizes)
+    kept_rows, kept_notes = (kept_results(json.loads((out / "results.json").read_text()), sizes, proxies)
                              if a.merge and (out / "results.json").exists() else ([], []))
     try:
         b.iperf_vip = create_or_read(b, "iperf", [(b.iperf_pod[0], b.iperf_pod[2])], IPERF_PORT, IPERF_PORT)
@@ -411,8 +413,10 @@ def main() -> None:
             for proxy in tqdm(proxies, desc=f"{size:,} Services", unit="proxy"):
                 try:
                     row = measure(b, proxy, size, vip, a, size == sizes[0])
-                except TimeoutError as exc:  # a proxy that cannot program N in time: said, not fatal
-                    notes.append(f"{label(proxy)} at {size:,} Services: {exc} (--sync-timeout {a.sync_timeout:.0f}); "
+                except (TimeoutError, LabError) as exc:  # a proxy that cannot program N in time: said, not fatal
+                    b.lab.set_proxy("none")  # now: its half-done sync (an iptables-restore) goes with it
+                    why = str(exc).splitlines()[0]
+                    notes.append(f"{label(proxy)} at {size:,} Services: {why} (--sync-timeout {a.sync_timeout:.0f}); "
                                  "no row")
                     tqdm.write(notes[-1])
                     continue

@@ -10,10 +10,11 @@ from statistics import median
 
 from stats import pct
 
-LABELS = {"none": "no proxy (floor)", "kube-proxy-iptables": "kube-proxy iptables",
-          "kube-proxy": "kube-proxy nftables", "kxlb": "kxlb tc", "kxlb-xdp": "kxlb XDP"}
-COLORS = {"none": "0.55", "kube-proxy-iptables": "tab:red", "kube-proxy": "tab:orange", "kxlb": "tab:blue",
-          "kxlb-xdp": "tab:green"}
+LABELS = {"none": "no proxy (floor)", "kube-proxy-iptables": "kube-proxy iptables-nft",
+          "kube-proxy-iptables-legacy": "kube-proxy iptables-legacy", "kube-proxy": "kube-proxy nftables",
+          "kxlb": "kxlb tc", "kxlb-xdp": "kxlb XDP"}
+COLORS = {"none": "0.55", "kube-proxy-iptables": "tab:red", "kube-proxy-iptables-legacy": "tab:purple",
+          "kube-proxy": "tab:orange", "kxlb": "tab:blue", "kxlb-xdp": "tab:green"}
 README_BEGIN, README_END = "<!-- bench-e2e:begin -->", "<!-- bench-e2e:end -->"
 
 
@@ -21,13 +22,20 @@ def label(proxy: str) -> str:
     return LABELS.get(proxy, proxy)
 
 
-def kept_results(saved: dict, sizes: list[int]) -> tuple[list[dict], list[str]]:
-    """What `--merge` keeps of a saved run: the rows of the sizes not measured now, and
-    the notes except those about a size measured now (such a note starts
-    "<proxy> at <N> Services")."""
-    mine = re.compile(r"^[^.]* at (%s) Services\b" % "|".join(re.escape(f"{n:,}") for n in sizes))
+def kept_results(saved: dict, sizes: list[int], proxies: list[str] | None = None) -> tuple[list[dict], list[str]]:
+    """What `--merge` keeps of a saved run: the rows of the sizes not measured now (each
+    size's rows, floor included, come from one run), and the notes except those about a
+    proxy and size measured now (such a note starts "<proxy> at <N> Services"; *proxies*
+    None: every proxy is measured now)."""
+    about = re.compile(r"^(?P<who>[^.]*?) at (?P<n>[\d,]+) Services\b")
+    now = None if proxies is None else {label(p) for p in proxies}
+
+    def stale(note: str) -> bool:
+        m = about.match(note)
+        return bool(m) and int(m["n"].replace(",", "")) in sizes and (now is None or m["who"] in now)
+
     return ([r for r in saved["rows"] if r["services"] not in sizes],
-            [n for n in saved.get("notes", []) if not mine.match(n)])
+            [n for n in saved.get("notes", []) if not stale(n)])
 
 
 def _floor(rows: list[dict], size: int) -> dict | None:

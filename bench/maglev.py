@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import random
 import shutil
-import socket
 import statistics
 import sys
 import time

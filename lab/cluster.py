@@ -28,7 +28,6 @@ import http.client
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from typing import Callable, Optional
 from kxlb.loader.netns import netns
 
 from . import controlplane as cpmod
+from . import procs
 from .controlplane import ControlPlane, ControlPlaneError, Ports
 from .nodes import (CLUSTER_CIDR, CLUSTER_CIDR6, LB_POOL, SERVICE_CIDR, SERVICE_CIDR6, NodeSpec, Topology,
                     netns_exists, run)
@@ -60,6 +60,10 @@ class ProxyMode:
     kind: str                # "kxlb" (the controller), "kube-proxy", or "none"
     flags: tuple[str, ...] = ()
     help: str = ""
+    # kube-proxy's iptables backend: "" is the iptables on PATH (Debian 12's is nf_tables);
+    # "legacy" puts iptables-legacy first on its PATH under the plain names, as kind's
+    # iptables-wrapper does on hosts whose rules are legacy.
+    iptables: str = ""
 
 
 PROXY_MODES = {m.name: m for m in (
@@ -68,7 +72,10 @@ PROXY_MODES = {m.name: m for m in (
     # which XDP cannot see; the lab's senders are all Linux stacks that finalise them.
     ProxyMode("kxlb-xdp", "kxlb", ("--xdp", "--xdp-trust-checksums"), "kxlb controller, datapath at XDP"),
     ProxyMode("kube-proxy", "kube-proxy", ("--proxy-mode=nftables",), "the real kube-proxy, nftables mode"),
-    ProxyMode("kube-proxy-iptables", "kube-proxy", ("--proxy-mode=iptables",), "the real kube-proxy, iptables mode"),
+    ProxyMode("kube-proxy-iptables", "kube-proxy", ("--proxy-mode=iptables",),
+              "the real kube-proxy, iptables mode (the host's iptables: nf_tables backend)"),
+    ProxyMode("kube-proxy-iptables-legacy", "kube-proxy", ("--proxy-mode=iptables",),
+              "the real kube-proxy, iptables mode on the legacy (x_tables) backend", iptables="legacy"),
     ProxyMode("none", "none", (), "no service proxy"),
 )}
 PROXIES = tuple(PROXY_MODES)
@@ -85,10 +92,6 @@ class LabError(RuntimeError):
     """A lab operation failed; the message says what and where the log is."""
 
 
-def _tail(path: Path, lines: int = 20) -> str:
-    return cpmod._tail(path, lines)
-
-
 def _env(marker: str, extra: Optional[dict] = None) -> dict:
     env = {k: v for k, v in os.environ.items()
            if k not in cpmod._PROXY_VARS and k not in ("KUBECONFIG", cpmod.MARKER_ENV)}
@@ -97,20 +100,15 @@ def _env(marker: str, extra: Optional[dict] = None) -> dict:
     return env
 
 
+def stop_processes(group: procs.Group, grace: float) -> None:
+    left = procs.stop(group, grace)
+    if left:
+        raise LabError(f"processes {left} survive SIGKILL")
+
+
 def marked_pids(marker: str) -> list[int]:
-    key = f"{MARKER_ENV}={marker}".encode()
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        if key in env and cpmod._alive(int(name)):
-            out.append(int(name))
-    return sorted(out)
+    """The processes of the lab whose workdir is *marker* (the nodes' daemons)."""
+    return procs.marked_pids(MARKER_ENV, marker)
 
 
 def http_get(host: str, port: int, path: str, ns: Optional[str] = None, timeout: float = 3) -> tuple[int, str]:
@@ -248,7 +246,7 @@ class Lab:
     def _read_pid(self, role: str) -> Optional[dict]:
         try:
             info = json.loads(self._pidfile(role).read_text())
-            return info if cpmod._alive(int(info["pid"]), info.get("start")) else None
+            return info if procs.alive(int(info["pid"]), info.get("start")) else None
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -268,7 +266,7 @@ class Lab:
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                                  cwd=self.workdir, env=_env(str(self.workdir), extra_env),
                                  start_new_session=True, close_fds=True, preexec_fn=preexec)
-        st = cpmod.proc_stat(p.pid)
+        st = procs.proc_stat(p.pid)
         info = {"pid": p.pid, "start": st[1] if st else None, "argv": argv, "log": str(logp)}
         cpmod.pki.write_public(self._pidfile(role), (json.dumps(info) + "\n").encode())
         return p
@@ -280,36 +278,7 @@ class Lab:
             if info:
                 group[int(info["pid"])] = info.get("start")
             self._pidfile(role).unlink(missing_ok=True)
-        self._kill(group, grace)
-
-    def _kill(self, group: dict[int, Optional[int]], grace: float) -> None:
-        def send(sig: int) -> None:
-            for pid, start in group.items():
-                if cpmod._alive(pid, start):
-                    try:
-                        if os.getpgid(pid) == pid:
-                            os.killpg(pid, sig)
-                        else:
-                            os.kill(pid, sig)
-                    except ProcessLookupError:
-                        pass
-
-        def wait(t: float) -> list[int]:
-            end = time.monotonic() + t
-            while True:
-                left = [p for p, s in group.items() if cpmod._alive(p, s)]
-                if not left or time.monotonic() > end:
-                    return left
-                time.sleep(0.05)
-
-        if not group:
-            return
-        send(signal.SIGTERM)
-        if wait(grace):
-            send(signal.SIGKILL)
-            left = wait(10)
-            if left:
-                raise LabError(f"processes {left} survive SIGKILL")
+        stop_processes(group, grace)
 
     # ---- up ----------------------------------------------------------------------------------
     def up(self, *, build: bool = True, timeout: float = 180) -> "Lab":
@@ -464,7 +433,7 @@ class Lab:
                 for n in self.node_specs:
                     if not self._read_pid(f"agent-{n.name}"):
                         logp = self.workdir / "logs" / f"agent-{n.name}.log"
-                        raise LabError(f"the pod agent of {n.name} exited; log {logp}:\n{_tail(logp)}")
+                        raise LabError(f"the pod agent of {n.name} exited; log {logp}:\n{procs.tail(logp)}")
                 try:
                     nodes = {x["metadata"]["name"]: x for x in
                              json.loads(core.list_node(_preload_content=False, _request_timeout=5).data)["items"]}
@@ -541,7 +510,7 @@ class Lab:
                             extra_env={"KXLB_PIN_DIR": n.pin_dir})
             else:
                 self._spawn(f"proxy-{n.name}", self.kube_proxy_argv(n, actual), f"kube-proxy-{n.name}",
-                            cgroup=n.cgroup)
+                            cgroup=n.cgroup, extra_env=self._iptables_env(PROXY_MODES[actual].iptables))
         self._write_state({"proxy": actual})
         try:
             self._wait_proxies(actual, timeout)
@@ -578,7 +547,7 @@ class Lab:
                 logp = self.workdir / "logs" / (f"kxlb-controller-{name}.log" if PROXY_MODES[mode].kind == "kxlb"
                                                 else f"kube-proxy-{name}.log")
                 if not self._read_pid(f"proxy-{name}"):
-                    raise LabError(f"{mode} on {name} exited; log {logp}:\n{_tail(logp)}")
+                    raise LabError(f"{mode} on {name} exited; log {logp}:\n{procs.tail(logp)}")
                 ok, detail[name] = self._proxy_health(mode, n)
                 if ok:
                     del pending[name]
@@ -587,7 +556,7 @@ class Lab:
                 logp = self.workdir / "logs" / (f"kxlb-controller-{name}.log" if PROXY_MODES[mode].kind == "kxlb"
                                                 else f"kube-proxy-{name}.log")
                 raise LabError(f"{mode} on {name} not healthy after {timeout:.0f}s ({detail[name]}); "
-                               f"log {logp}:\n{_tail(logp)}")
+                               f"log {logp}:\n{procs.tail(logp)}")
             if pending:
                 time.sleep(0.3)
 
@@ -603,10 +572,27 @@ class Lab:
             self._clear_iptables(n)
             self._clear_bpf(n)
 
+    def _iptables_env(self, backend: str) -> Optional[dict]:
+        """PATH for a kube-proxy whose iptables must be *backend* ("" = the host's)."""
+        if not backend:
+            return None
+        shim = self.workdir / f"iptables-{backend}"
+        shim.mkdir(parents=True, exist_ok=True)
+        for tool in ("iptables", "ip6tables"):
+            for suffix in ("", "-save", "-restore"):
+                target = shutil.which(f"{tool}-{backend}{suffix}")
+                if not target:
+                    raise LabError(f"{tool}-{backend}{suffix} is not installed (the iptables package has it)")
+                link = shim / f"{tool}{suffix}"
+                link.unlink(missing_ok=True)
+                link.symlink_to(target)  # xtables-*-multi picks its mode from the name it is called by
+        return {"PATH": f"{shim}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"}
+
     def _clear_iptables(self, n: NodeSpec) -> None:
         """kube-proxy's iptables mode leaves KUBE-* chains (and jumps to them from the
-        built-in chains) in the node's tables: flush and delete those, nothing else."""
-        for tool in ("iptables", "ip6tables"):
+        built-in chains) in the node's tables, of either backend: flush and delete those,
+        nothing else."""
+        for tool in ("iptables", "ip6tables", "iptables-legacy", "ip6tables-legacy"):
             for table in ("nat", "filter", "mangle"):
                 dump = run("ip", "netns", "exec", n.netns, f"{tool}-save", "-t", table, check=False).stdout
                 if "KUBE-" not in dump:
@@ -649,7 +635,7 @@ class Lab:
         t0 = time.monotonic()
         roles = [p.stem.removeprefix("lab-") for p in (self.workdir / "run").glob("lab-*.pid")]
         self._stop_roles(roles)
-        self._kill({p: None for p in marked_pids(str(self.workdir))}, grace=2.0)
+        stop_processes({p: None for p in marked_pids(str(self.workdir))}, grace=2.0)
         try:
             # As configured by its last up(): the interface and ports it really made.
             ControlPlane.from_workdir(self.workdir, log=lambda m: self.log(f"controlplane: {m}")).down()
@@ -669,7 +655,7 @@ class Lab:
                         self._clear_bpf(NodeSpec(d, 0, "", "", "", "", os.path.join(bpffs, d), ""))
             removed = self.topology.destroy()
             self._claim_path().unlink(missing_ok=True)
-        self._kill({p: None for p in marked_pids(str(self.workdir))}, grace=2.0)
+        stop_processes({p: None for p in marked_pids(str(self.workdir))}, grace=2.0)
         shutil.rmtree(self.workdir / "nodes", ignore_errors=True)
         if self.read_state():
             self._write_state({"state": "down", "proxy": "none"})  # keeps the lab's identity for later commands

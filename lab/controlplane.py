@@ -56,7 +56,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import pki
+from . import pki, procs
 
 HERE = Path(__file__).resolve().parent
 BUILD_SH = HERE / "k8s" / "build.sh"
@@ -159,64 +159,6 @@ def missing_binaries(bin_dir: Path) -> list[str]:
     return [b for b in COMPONENTS if not os.access(Path(bin_dir) / b, os.X_OK)]
 
 
-# ----------------------------------------------------------------------------- /proc helpers
-
-def proc_stat(pid: int) -> Optional[tuple[str, int]]:
-    """(state, start time in clock ticks) of *pid*, or None if it does not exist."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    rest = data[data.rfind(b")") + 2:].split()
-    return rest[0].decode(), int(rest[19])
-
-
-def _alive(pid: int, start: Optional[int] = None) -> bool:
-    """True if *pid* runs and (given *start*) is the process that started then.
-    Zombies count as dead, and are reaped here when they are our children."""
-    st = proc_stat(pid)
-    if st is None or (start is not None and st[1] != start):
-        return False
-    if st[0] in ("Z", "X"):
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except OSError:
-            pass
-        return False
-    return True
-
-
-def _marked_pids(marker: str) -> list[int]:
-    """Live processes whose environment holds ``KXLB_CONTROLPLANE=<marker>``."""
-    return sorted(p for p, w in _all_marked().items() if w == marker)
-
-
-def _all_marked() -> dict[int, str]:
-    """Every live process carrying a ``KXLB_CONTROLPLANE`` marker: pid -> workdir."""
-    key = f"{MARKER_ENV}=".encode()
-    out = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        for var in env.split(b"\0"):
-            if var.startswith(key) and _alive(int(name)):
-                out[int(name)] = var[len(key):].decode(errors="replace")
-    return out
-
-
-def _exe_name(pid: int) -> str:
-    try:
-        return os.path.basename(os.readlink(f"/proc/{pid}/exe"))
-    except OSError:
-        return "?"
-
-
 def _port_busy(port: int, host: str = "127.0.0.1") -> bool:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -227,14 +169,6 @@ def _port_busy(port: int, host: str = "127.0.0.1") -> bool:
     finally:
         s.close()
     return False
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        data = Path(path).read_bytes()[-16384:].decode(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(data.splitlines()[-lines:])
 
 
 # ----------------------------------------------------------------------------- kubeconfig
@@ -415,11 +349,11 @@ class ControlPlane:
             host = self.apiserver_bind_address if comp == APISERVER else "127.0.0.1"
             for port in ports:
                 if _port_busy(port, host):
-                    others = _all_marked()
+                    others = procs.marked(MARKER_ENV)
                     hint = ""
                     if others:
                         hint = "; kxlb control planes running: " + ", ".join(
-                            f"pid {p} ({_exe_name(p)}) of workdir {w}" for p, w in sorted(others.items()))
+                            f"pid {p} ({procs.exe_name(p)}) of workdir {w}" for p, w in sorted(others.items()))
                     raise ControlPlaneError(
                         f"{comp}: port {host}:{port} is already in use by another process "
                         f"(see `ss -ltnp 'sport = :{port}'`){hint}; stop it or choose other ports")
@@ -479,7 +413,7 @@ class ControlPlane:
         comps = {}
         for comp in COMPONENTS:
             info = self._read_pidfile(comp)
-            running = bool(info) and _alive(info["pid"], info.get("start"))
+            running = bool(info) and procs.alive(info["pid"], info.get("start"))
             healthy = None
             if probe and running:
                 ok, _ = self._probe(comp)
@@ -490,7 +424,7 @@ class ControlPlane:
                 "healthy": healthy,
                 "log": str(self.log_path(comp)),
             }
-        leftovers = [p for p in _marked_pids(self.marker)
+        leftovers = [p for p in procs.marked_pids(MARKER_ENV, self.marker)
                      if p not in {c["pid"] for c in comps.values()}]
         return {
             "up": all(c["running"] and (c["healthy"] or not probe) for c in comps.values()),
@@ -514,7 +448,7 @@ class ControlPlane:
         if comp not in COMPONENTS:
             raise KeyError(comp)
         info = self._read_pidfile(comp)
-        if not info or not _alive(info["pid"], info.get("start")):
+        if not info or not procs.alive(info["pid"], info.get("start")):
             return None
         pid = info["pid"]
         try:
@@ -522,7 +456,7 @@ class ControlPlane:
         except ProcessLookupError:
             pass
         deadline = time.monotonic() + timeout
-        while _alive(pid, info.get("start")):
+        while procs.alive(pid, info.get("start")):
             self._reap()
             if time.monotonic() > deadline:
                 raise ControlPlaneError(f"{comp} (pid {pid}) still runs {timeout:g}s after signal {sig}")
@@ -536,7 +470,7 @@ class ControlPlane:
         if comp not in COMPONENTS:
             raise KeyError(comp)
         info = self._read_pidfile(comp)
-        if info and _alive(info["pid"], info.get("start")):
+        if info and procs.alive(info["pid"], info.get("start")):
             self._stop_group({info["pid"]: info.get("start")})
         self._start(comp)
         if comp == ETCD:
@@ -548,10 +482,10 @@ class ControlPlane:
 
     def pids(self) -> list[int]:
         """Every live process of this control plane (pidfiles and marker)."""
-        pids = set(_marked_pids(self.marker))
+        pids = set(procs.marked_pids(MARKER_ENV, self.marker))
         for comp in COMPONENTS:
             info = self._read_pidfile(comp)
-            if info and _alive(info["pid"], info.get("start")):
+            if info and procs.alive(info["pid"], info.get("start")):
                 pids.add(info["pid"])
         return sorted(pids)
 
@@ -770,7 +704,7 @@ class ControlPlane:
         finally:
             logf.close()
         self._procs[comp] = proc
-        st = proc_stat(proc.pid)
+        st = procs.proc_stat(proc.pid)
         info = {"pid": proc.pid, "start": st[1] if st else None, "argv": argv}
         pki.write_public(self._pidfile(comp), (json.dumps(info) + "\n").encode())
         self._log(f"started {comp} (pid {proc.pid}), log {self.log_path(comp)}")
@@ -786,7 +720,7 @@ class ControlPlane:
             if proc is not None and proc.poll() is not None:
                 raise ControlPlaneError(
                     f"{comp} exited with code {proc.returncode} while waiting for {what}; "
-                    f"log: {self.log_path(comp)}\n--- last lines ---\n{_tail(self.log_path(comp))}")
+                    f"log: {self.log_path(comp)}\n--- last lines ---\n{procs.tail(self.log_path(comp))}")
             ok, detail = probe()
             if ok:
                 self._log(f"{what} ready after {time.monotonic() - t0:.1f}s")
@@ -794,7 +728,7 @@ class ControlPlane:
             if time.monotonic() >= deadline:
                 raise ControlPlaneError(
                     f"{what} not ready after {timeout:g}s (last check: {detail}); "
-                    f"log: {self.log_path(comp)}\n--- last lines ---\n{_tail(self.log_path(comp))}")
+                    f"log: {self.log_path(comp)}\n--- last lines ---\n{procs.tail(self.log_path(comp))}")
             time.sleep(0.5)
 
     def _stop_processes(self) -> None:
@@ -805,11 +739,11 @@ class ControlPlane:
         targets: dict[int, tuple[str, Optional[int]]] = {}
         for comp in COMPONENTS:
             info = self._read_pidfile(comp)
-            if info and _alive(info["pid"], info.get("start")):
+            if info and procs.alive(info["pid"], info.get("start")):
                 targets[info["pid"]] = (comp, info.get("start"))
-        for pid in _marked_pids(self.marker):
+        for pid in procs.marked_pids(MARKER_ENV, self.marker):
             if pid not in targets:
-                targets[pid] = (_exe_name(pid), None)
+                targets[pid] = (procs.exe_name(pid), None)
         if not targets:
             self._reap()
             return
@@ -820,42 +754,16 @@ class ControlPlane:
             self._stop_group(group)
         # Anything that appeared meanwhile (forked by one of them, or a racing start).
         for _ in range(3):
-            stray = _marked_pids(self.marker)
+            stray = procs.marked_pids(MARKER_ENV, self.marker)
             if not stray:
                 break
             self._stop_group({p: None for p in stray})
-        stray = _marked_pids(self.marker)
+        stray = procs.marked_pids(MARKER_ENV, self.marker)
         if stray:
             raise ControlPlaneError(f"processes {stray} of {self.workdir} survive SIGKILL")
 
-    def _stop_group(self, group: dict[int, Optional[int]]) -> None:
-        def signal_all(sig: int) -> None:
-            for pid, start in group.items():
-                if not _alive(pid, start):
-                    continue
-                try:
-                    if os.getpgid(pid) == pid:
-                        os.killpg(pid, sig)  # the group: anything it forked goes too
-                    else:
-                        os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-
-        def wait_gone(timeout: float) -> list[int]:
-            deadline = time.monotonic() + timeout
-            while True:
-                self._reap()
-                left = [p for p, s in group.items() if _alive(p, s)]
-                if not left or time.monotonic() >= deadline:
-                    return left
-                time.sleep(0.05)
-
-        signal_all(signal.SIGTERM)
-        left = wait_gone(self.timeouts.stop_grace)
-        if left:
-            self._log(f"pids {left} ignored SIGTERM for {self.timeouts.stop_grace:.0f}s; SIGKILL")
-            signal_all(signal.SIGKILL)
-            left = wait_gone(10)
+    def _stop_group(self, group: procs.Group) -> None:
+        left = procs.stop(group, self.timeouts.stop_grace, log=self._log, poll=self._reap)
         if left:
             raise ControlPlaneError(f"processes {left} of {self.workdir} survive SIGKILL")
 

@@ -57,7 +57,7 @@ from typing import Optional
 
 from kxlb.loader.netns import netns
 
-from .controlplane import proc_stat
+from .procs import proc_stat
 from .nodes import NodeSpec, Topology
 
 log = logging.getLogger("kxlab.agent")

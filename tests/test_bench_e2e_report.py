@@ -77,12 +77,15 @@ def test_write_docs_rewrites_only_the_marked_readme_section_and_draws_the_plots(
 
 
 def test_merge_keeps_other_sizes_rows_and_notes_but_not_those_of_sizes_measured_again():
-    saved = {**RESULTS, "notes": ["kube-proxy iptables at 10,000 Services: no answer", "kxlb XDP at 1 Services: x",
+    saved = {**RESULTS, "notes": ["kube-proxy iptables-nft at 10,000 Services: no answer", "kxlb XDP at 1 Services: x",
                                   "Machine-wide remark."]}
     sizes_before = sorted({r["services"] for r in saved["rows"]})
     again = sizes_before[-1]
     rows, notes = rep.kept_results(saved, [again, 30000])
     assert rows and {r["services"] for r in rows} == set(sizes_before) - {again}
-    want = [n for n in saved["notes"] if not n.startswith(f"kube-proxy iptables at {again:,} Services")]
+    want = [n for n in saved["notes"] if not n.startswith(f"kube-proxy iptables-nft at {again:,} Services")]
     assert notes == want
     assert rep.kept_results(saved, [10000])[1] == ["kxlb XDP at 1 Services: x", "Machine-wide remark."]
+    # A proxy left out of a run keeps its notes at the sizes measured again (why it has no row).
+    assert rep.kept_results(saved, [10000], ["none", "kube-proxy"])[1] == saved["notes"]
+    assert rep.kept_results(saved, [10000], ["kube-proxy-iptables"])[1] == saved["notes"][1:]

@@ -7,14 +7,13 @@ client in 192.0.2.0/24, services in 10.96.0.0/16.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 import pytest
 
 from harness import clean_table, ICMP, IP, TCP, UDP, Ether, assert_checksums, eth
 from kxlb.loader.errors import KxlbError
-from kxlb.loader.layout import C, AffinityKey, Backend, ServiceKey, ip_to_raw
+from kxlb.loader.layout import C, Backend, ServiceKey, ip_to_raw
 from kxlb.loader.services import DatapathConfig, ServiceTable
 from kxlb.loader.svcspec import Frontend, Kind, LbService
 

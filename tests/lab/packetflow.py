@@ -46,7 +46,7 @@ rows are ported as ``after_delete`` of each case.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Union
 
 REJECT, DROP = "REJECT", "DROP"

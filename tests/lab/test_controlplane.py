@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from kxlb.lab import controlplane as cpmod
+from kxlb.lab import controlplane as cpmod, procs
 from kxlb.lab.controlplane import APISERVER, ControlPlane, ControlPlaneError, Ports
 
 # Own ports, interface and address, so the test never collides with a lab a developer runs.
@@ -50,8 +50,8 @@ def bin_dir() -> Path:
 
 def _assert_gone(cp: ControlPlane, pids: list[int]) -> None:
     for pid in pids:
-        assert not cpmod._alive(pid), f"pid {pid} still runs"
-    assert cpmod._marked_pids(cp.marker) == []
+        assert not procs.alive(pid), f"pid {pid} still runs"
+    assert procs.marked_pids(cpmod.MARKER_ENV, cp.marker) == []
     assert not Path(f"/sys/class/net/{cp.iface}").exists()
 
 

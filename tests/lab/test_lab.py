@@ -225,17 +225,20 @@ def test_kube_proxy_clusterip_reference(kube_proxy, k8s):
 def _node_state(lab, mode: str) -> str:
     """What a proxy mode leaves in node 1: iptables' KUBE- chains, or the XDP programs."""
     ns = lab.node(1).netns
-    if mode == "kube-proxy-iptables":
-        return subprocess.run(["ip", "netns", "exec", ns, "iptables-save", "-t", "nat"], capture_output=True,
-                              text=True).stdout
+    if mode.startswith("kube-proxy-iptables"):
+        save = "iptables-legacy-save" if mode.endswith("-legacy") else "iptables-nft-save"
+        return subprocess.run(["ip", "netns", "exec", ns, save, "-t", "nat"], capture_output=True, text=True).stdout
     return subprocess.run(["ip", "-n", ns, "link", "show", "eth0"], capture_output=True, text=True).stdout
 
 
-@pytest.mark.parametrize("mode,mark", [("kube-proxy-iptables", "KUBE-SERVICES"), ("kxlb-xdp", "xdp")])
+@pytest.mark.parametrize("mode,mark", [("kube-proxy-iptables", "KUBE-SERVICES"),
+                                       ("kube-proxy-iptables-legacy", "KUBE-SERVICES"), ("kxlb-xdp", "xdp")])
 def test_other_proxy_modes_serve_and_leave_nothing(with_proxy, k8s, mode, mark):
     """The lab's other modes (bench-e2e runs them beside kube-proxy nftables and kxlb
-    tc): kube-proxy in iptables mode and kxlb at XDP serve a ClusterIP from a pod and
-    from outside; switching back to none removes their state from the nodes."""
+    tc): kube-proxy in iptables mode on either backend (its rules land in the backend
+    asked for: the mark is looked for with that backend's save) and kxlb at XDP serve a
+    ClusterIP from a pod and from outside; switching back to none removes their state
+    from the nodes."""
     lab = with_proxy(mode)
     vip, names, _, cns = echo_service_and_client(lab, k8s)
     for origin in (cns, lab.client_ns):
@@ -246,6 +249,8 @@ def test_other_proxy_modes_serve_and_leave_nothing(with_proxy, k8s, mode, mark):
                 return False
         kube.wait_for(answered, 30, f"{mode} serves the ClusterIP from {origin}", interval=0.05)
     assert mark in _node_state(lab, mode)
+    if mode.endswith("-legacy"):
+        assert mark not in _node_state(lab, "kube-proxy-iptables"), "legacy mode wrote to the nf_tables backend"
     lab.set_proxy("none")
     assert mark not in _node_state(lab, mode)
     with pytest.raises(OSError):

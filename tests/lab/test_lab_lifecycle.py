@@ -11,7 +11,8 @@ import time
 import pytest
 
 from kxlb.lab.cluster import MARKER_ENV, Lab, marked_pids
-from kxlb.lab.controlplane import MARKER_ENV as CP_MARKER, _marked_pids, _port_busy
+from kxlb.lab.controlplane import MARKER_ENV as CP_MARKER, _port_busy
+from kxlb.lab.procs import marked_pids as procs_marked
 from kxlb.lab.nodes import netns_list
 
 
@@ -19,7 +20,7 @@ def _leftovers(lab) -> list[str]:
     out, name = [], lab.name
     wd = str(lab.workdir)
     out += [f"process {p} ({MARKER_ENV})" for p in marked_pids(wd)]
-    out += [f"process {p} ({CP_MARKER})" for p in _marked_pids(wd)]
+    out += [f"process {p} ({CP_MARKER})" for p in procs_marked(CP_MARKER, wd)]
     out += [f"netns {n}" for n in netns_list() if n.startswith(f"{name}-")]
     out += [f"interface {i}" for i in os.listdir("/sys/class/net") if i.startswith(name)]
     out += [f"pin dir {d}" for d in os.listdir("/sys/fs/bpf") if d.startswith(f"{name}-")]
