@@ -2,7 +2,7 @@
 
 For each number of Services (N: 1, 1k, 10k by default; 30k with --sizes), with N Services
 of 10 endpoints each present, and for each proxy in turn on every node of the lab
-(`lab/cluster.py` PROXY_MODES: none, kube-proxy-iptables (the host's iptables, nf_tables
+(`lab/proxies.py` PROXY_MODES: none, kube-proxy-iptables (the host's iptables, nf_tables
 backend), kube-proxy-iptables-legacy (x_tables backend), kube-proxy (nftables), kxlb (tc),
 kxlb-xdp), this measures:
 
@@ -52,7 +52,8 @@ from stats import rss_mb  # noqa: E402
 
 from kxlb.lab import kube  # noqa: E402
 from kxlb.lab.client import tcp_exchange  # noqa: E402
-from kxlb.lab.cluster import PROXY_MODES, Lab, LabError  # noqa: E402
+from kxlb.lab.cluster import Lab, LabError  # noqa: E402
+from kxlb.lab.proxies import PROXY_MODES  # noqa: E402
 from kxlb.lab.nodes import CLUSTER_CIDR, run  # noqa: E402
 from kxlb.loader.netns import netns  # noqa: E402
 

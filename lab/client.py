@@ -4,7 +4,9 @@ Sockets are created (and TCP connected) inside the namespace, then used from her
 """
 from __future__ import annotations
 
+import http.client
 import socket
+from typing import Optional
 
 from kxlb.loader.netns import netns
 
@@ -54,3 +56,19 @@ def udp_request(ns: str, addr: str, port: int, data: str = "hello", timeout: flo
         s.sendto(data.encode(), (addr, port))
         reply, src = s.recvfrom(4096)
         return reply.decode(), src[:2]
+
+
+def http_get(host: str, port: int, path: str, ns: Optional[str] = None, timeout: float = 3) -> tuple[int, str]:
+    """GET over a socket made in network namespace *ns*; (status, body)."""
+    with netns(ns):
+        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect((host, port))
+        conn = http.client.HTTPConnection(f"[{host}]" if ":" in host else host, port, timeout=timeout)
+        conn.sock = s
+        conn.request("GET", path)
+        r = conn.getresponse()
+        return r.status, r.read(4096).decode(errors="replace")
+    finally:
+        s.close()

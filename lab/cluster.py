@@ -13,83 +13,45 @@ Pieces (all named after ``name``, default ``kxlab``):
   ``port_offset`` shifts them all, for a second lab beside the first);
 - the network of ``lab/nodes.py``: node namespaces, fabric, client, cgroups;
 - one pod agent per node (``lab/podagent.py``), a background process;
-- one proxy per node: the kxlb controller (``python -m kxlb controller``, as a
-  DaemonSet would run it: host network, the node's interfaces, the node's cgroup), the
-  real kube-proxy in nftables mode inside the node's namespace, or nothing.
+- one proxy per node (``lab/proxies.py``: the modes, their command lines, health and
+  clean-up): the kxlb controller (``python -m kxlb controller``, as a DaemonSet would run
+  it: host network, the node's interfaces, the node's cgroup), the real kube-proxy
+  (nftables or iptables mode) inside the node's namespace, or nothing.
 
 Every process gets the environment marker ``KXLB_LAB=<workdir>`` and a pidfile in
-``run/``; ``down()`` stops both, so nothing survives a crashed ``up``. Logs go to
+``run/``; ``down()`` stops both (``lab/procs.py``: with their process groups), so
+nothing survives a crashed ``up``. Logs go to
 ``logs/`` in the work directory. ``lab.json`` records the configuration, for
 ``down``/``status``/``exec`` from another process.
 """
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from kxlb.loader.netns import netns
-
 from . import controlplane as cpmod
-from . import procs
+from . import procs, proxies
 from .controlplane import ControlPlane, ControlPlaneError, Ports
-from .nodes import (CLUSTER_CIDR, CLUSTER_CIDR6, LB_POOL, SERVICE_CIDR, SERVICE_CIDR6, NodeSpec, Topology,
-                    netns_exists, run)
+from .errors import LabError
+from .nodes import LB_POOL, SERVICE_CIDR, SERVICE_CIDR6, NodeSpec, Topology, netns_exists
+from .proxies import PROXIES, PROXY_MODES
 
-# Dual-stack: one CIDR of each family, IPv4 first (the primary family, as kind's default).
-CLUSTER_CIDRS = f"{CLUSTER_CIDR},{CLUSTER_CIDR6}"
 SERVICE_CIDRS = f"{SERVICE_CIDR},{SERVICE_CIDR6}"
 
 DEFAULT_WORKDIR = cpmod.DEFAULT_WORKDIR
 MARKER_ENV = "KXLB_LAB"
 
 
-@dataclass(frozen=True)
-class ProxyMode:
-    """A service proxy the lab can run on its nodes: which program, with which flags."""
-    name: str
-    kind: str                # "kxlb" (the controller), "kube-proxy", or "none"
-    flags: tuple[str, ...] = ()
-    help: str = ""
-    # kube-proxy's iptables backend: "" is the iptables on PATH (Debian 12's is nf_tables);
-    # "legacy" puts iptables-legacy first on its PATH under the plain names, as kind's
-    # iptables-wrapper does on hosts whose rules are legacy.
-    iptables: str = ""
-
-
-PROXY_MODES = {m.name: m for m in (
-    ProxyMode("kxlb", "kxlb", (), "kxlb controller, datapath at tc on the uplink and the pod interfaces"),
-    # Generic XDP on veths: the frames the pods' stacks send carry CHECKSUM_PARTIAL,
-    # which XDP cannot see; the lab's senders are all Linux stacks that finalise them.
-    ProxyMode("kxlb-xdp", "kxlb", ("--xdp", "--xdp-trust-checksums"), "kxlb controller, datapath at XDP"),
-    ProxyMode("kube-proxy", "kube-proxy", ("--proxy-mode=nftables",), "the real kube-proxy, nftables mode"),
-    ProxyMode("kube-proxy-iptables", "kube-proxy", ("--proxy-mode=iptables",),
-              "the real kube-proxy, iptables mode (the host's iptables: nf_tables backend)"),
-    ProxyMode("kube-proxy-iptables-legacy", "kube-proxy", ("--proxy-mode=iptables",),
-              "the real kube-proxy, iptables mode on the legacy (x_tables) backend", iptables="legacy"),
-    ProxyMode("none", "none", (), "no service proxy"),
-)}
-PROXIES = tuple(PROXY_MODES)
-# Per-node ports (loopback), shifted by port_offset and node index.
-CONTROLLER_METRICS_BASE = 16500   # kxlb controller, host loopback
-KUBE_PROXY_METRICS_BASE = 16600   # inside the node's namespace
-KUBE_PROXY_HEALTHZ_BASE = 16700   # inside the node's namespace
 REPO = Path(__file__).resolve().parent.parent
 # Which work directory owns a lab name (its namespaces, cgroups, pins): /run/kxlb-lab/<name>.json.
 CLAIM_DIR = Path("/run/kxlb-lab")
-
-
-class LabError(RuntimeError):
-    """A lab operation failed; the message says what and where the log is."""
 
 
 def _env(marker: str, extra: Optional[dict] = None) -> dict:
@@ -109,22 +71,6 @@ def stop_processes(group: procs.Group, grace: float) -> None:
 def marked_pids(marker: str) -> list[int]:
     """The processes of the lab whose workdir is *marker* (the nodes' daemons)."""
     return procs.marked_pids(MARKER_ENV, marker)
-
-
-def http_get(host: str, port: int, path: str, ns: Optional[str] = None, timeout: float = 3) -> tuple[int, str]:
-    """GET over a socket made in network namespace *ns*; (status, body)."""
-    with netns(ns):
-        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    s.settimeout(timeout)
-    try:
-        s.connect((host, port))
-        conn = http.client.HTTPConnection(f"[{host}]" if ":" in host else host, port, timeout=timeout)
-        conn.sock = s
-        conn.request("GET", path)
-        r = conn.getresponse()
-        return r.status, r.read(4096).decode(errors="replace")
-    finally:
-        s.close()
 
 
 def controller_available(python: str = sys.executable) -> bool:
@@ -468,25 +414,6 @@ class Lab:
         self._start_agent(n)
 
     # ---- proxies ---------------------------------------------------------------------------------
-    def controller_argv(self, n: NodeSpec, mode: str = "kxlb") -> list[str]:
-        port = CONTROLLER_METRICS_BASE + self.port_offset + n.index
-        return [sys.executable, "-m", "kxlb", "--pin-dir", n.pin_dir, "controller",
-                "--node-name", n.name, "--kubeconfig", str(self.kube_proxy_kubeconfig),
-                "--netns", n.netns, "--iface", "eth0", "--iface", "kxp*", "--cgroup", n.cgroup,
-                "--cluster-cidr", CLUSTER_CIDRS, "--metrics-bind-address", f"127.0.0.1:{port}",
-                *PROXY_MODES[mode].flags]
-
-    def kube_proxy_argv(self, n: NodeSpec, mode: str = "kube-proxy") -> list[str]:
-        mport = KUBE_PROXY_METRICS_BASE + self.port_offset + n.index
-        hport = KUBE_PROXY_HEALTHZ_BASE + self.port_offset + n.index
-        return ["ip", "netns", "exec", n.netns, str(self.bin_dir / "kube-proxy"),
-                *PROXY_MODES[mode].flags, f"--hostname-override={n.name}",
-                f"--kubeconfig={self.kube_proxy_kubeconfig}", f"--cluster-cidr={CLUSTER_CIDRS}",
-                f"--metrics-bind-address=127.0.0.1:{mport}", f"--healthz-bind-address=127.0.0.1:{hport}",
-                # Host-wide conntrack sysctls are not ours to change (nor writable in a netns).
-                "--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0",
-                "--conntrack-tcp-timeout-close-wait=0", "--v=2"]
-
     def set_proxy(self, mode: str, *, timeout: float = 120) -> str:
         """Stop the running proxy, clean up after it, start *mode* on every node and wait
         until it is healthy. kxlb falls back to none (with a warning) when this checkout
@@ -506,11 +433,14 @@ class Lab:
             return actual
         for n in self.node_specs:
             if kind == "kxlb":
-                self._spawn(f"proxy-{n.name}", self.controller_argv(n, actual), f"kxlb-controller-{n.name}",
-                            extra_env={"KXLB_PIN_DIR": n.pin_dir})
+                self._spawn(f"proxy-{n.name}",
+                            proxies.controller_argv(n, actual, self.port_offset, self.kube_proxy_kubeconfig),
+                            proxies.log_name(actual, n.name), extra_env={"KXLB_PIN_DIR": n.pin_dir})
             else:
-                self._spawn(f"proxy-{n.name}", self.kube_proxy_argv(n, actual), f"kube-proxy-{n.name}",
-                            cgroup=n.cgroup, extra_env=self._iptables_env(PROXY_MODES[actual].iptables))
+                self._spawn(f"proxy-{n.name}", proxies.kube_proxy_argv(n, actual, self.port_offset,
+                                                                       self.kube_proxy_kubeconfig, self.bin_dir),
+                            proxies.log_name(actual, n.name), cgroup=n.cgroup,
+                            extra_env=proxies.iptables_env(self.workdir, PROXY_MODES[actual].iptables))
         self._write_state({"proxy": actual})
         try:
             self._wait_proxies(actual, timeout)
@@ -526,107 +456,31 @@ class Lab:
         info = self._read_pid(f"proxy-{self.node(which).name}")
         return int(info["pid"]) if info else None
 
-    def _proxy_health(self, mode: str, n: NodeSpec) -> tuple[bool, str]:
-        try:
-            if PROXY_MODES[mode].kind == "kxlb":
-                port = CONTROLLER_METRICS_BASE + self.port_offset + n.index
-                code, body = http_get("127.0.0.1", port, "/readyz")
-            else:
-                port = KUBE_PROXY_HEALTHZ_BASE + self.port_offset + n.index
-                code, body = http_get("127.0.0.1", port, "/healthz", ns=n.netns)
-        except OSError as exc:
-            return False, str(exc)
-        return code == 200, f"HTTP {code} {body.strip()[:200]}"
-
     def _wait_proxies(self, mode: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         pending = {n.name: n for n in self.node_specs}
         detail = {}
         while pending:
             for name, n in list(pending.items()):
-                logp = self.workdir / "logs" / (f"kxlb-controller-{name}.log" if PROXY_MODES[mode].kind == "kxlb"
-                                                else f"kube-proxy-{name}.log")
                 if not self._read_pid(f"proxy-{name}"):
+                    logp = self.workdir / "logs" / f"{proxies.log_name(mode, name)}.log"
                     raise LabError(f"{mode} on {name} exited; log {logp}:\n{procs.tail(logp)}")
-                ok, detail[name] = self._proxy_health(mode, n)
+                ok, detail[name] = proxies.health(mode, n, self.port_offset)
                 if ok:
                     del pending[name]
             if pending and time.monotonic() > deadline:
                 name = next(iter(pending))
-                logp = self.workdir / "logs" / (f"kxlb-controller-{name}.log" if PROXY_MODES[mode].kind == "kxlb"
-                                                else f"kube-proxy-{name}.log")
+                logp = self.workdir / "logs" / f"{proxies.log_name(mode, name)}.log"
                 raise LabError(f"{mode} on {name} not healthy after {timeout:.0f}s ({detail[name]}); "
                                f"log {logp}:\n{procs.tail(logp)}")
             if pending:
                 time.sleep(0.3)
 
     def _stop_proxies(self) -> None:
-        """Stop proxy processes and remove what they left in the nodes: nftables tables,
-        tc/XDP programs, pinned maps, cgroup attachments (the cgroup is recreated)."""
+        """Stop proxy processes (with what they forked) and remove what they left in the nodes."""
         self._stop_roles([f"proxy-{n.name}" for n in self.node_specs])
         for n in self.node_specs:
-            if not netns_exists(n.netns):
-                continue
-            for fam in ("ip", "ip6", "inet"):
-                run("ip", "netns", "exec", n.netns, "nft", "delete", "table", fam, "kube-proxy", check=False)
-            self._clear_iptables(n)
-            self._clear_bpf(n)
-
-    def _iptables_env(self, backend: str) -> Optional[dict]:
-        """PATH for a kube-proxy whose iptables must be *backend* ("" = the host's)."""
-        if not backend:
-            return None
-        shim = self.workdir / f"iptables-{backend}"
-        shim.mkdir(parents=True, exist_ok=True)
-        for tool in ("iptables", "ip6tables"):
-            for suffix in ("", "-save", "-restore"):
-                target = shutil.which(f"{tool}-{backend}{suffix}")
-                if not target:
-                    raise LabError(f"{tool}-{backend}{suffix} is not installed (the iptables package has it)")
-                link = shim / f"{tool}{suffix}"
-                link.unlink(missing_ok=True)
-                link.symlink_to(target)  # xtables-*-multi picks its mode from the name it is called by
-        return {"PATH": f"{shim}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"}
-
-    def _clear_iptables(self, n: NodeSpec) -> None:
-        """kube-proxy's iptables mode leaves KUBE-* chains (and jumps to them from the
-        built-in chains) in the node's tables, of either backend: flush and delete those,
-        nothing else."""
-        for tool in ("iptables", "ip6tables", "iptables-legacy", "ip6tables-legacy"):
-            for table in ("nat", "filter", "mangle"):
-                dump = run("ip", "netns", "exec", n.netns, f"{tool}-save", "-t", table, check=False).stdout
-                if "KUBE-" not in dump:
-                    continue
-                kept = [line for line in dump.splitlines()
-                        if "KUBE-" not in line or not (line.startswith(":") or line.startswith("-A"))]
-                run("ip", "netns", "exec", n.netns, f"{tool}-restore", "-T", table, input="\n".join(kept) + "\n",
-                    check=False)
-
-    def _clear_bpf(self, n: NodeSpec) -> None:
-        if netns_exists(n.netns):
-            qdiscs = json.loads(run("tc", "-n", n.netns, "-j", "qdisc", "show", check=False).stdout or "[]")
-            cmds = [f"qdisc del dev {q['dev']} clsact" for q in qdiscs if q.get("kind") == "clsact"]
-            if cmds:
-                run("tc", "-force", "-n", n.netns, "-batch", "-", input="\n".join(cmds) + "\n", check=False)
-            links = json.loads(run("ip", "-n", n.netns, "-j", "link", "show", check=False).stdout or "[]")
-            # Per mode: a plain "xdp off" means native on a device with a driver hook (veth
-            # has one), and would leave a generic program attached.
-            cmds = [f"link set dev {x['ifname']} {mode} off" for x in links if "xdp" in x
-                    for mode in ("xdpgeneric", "xdpdrv")]
-            if cmds:
-                run("ip", "-force", "-n", n.netns, "-batch", "-", input="\n".join(cmds) + "\n", check=False)
-        had_pins = os.path.exists(n.pin_dir)
-        shutil.rmtree(n.pin_dir, ignore_errors=True)
-        try:
-            from kxlb.loader.attach import Registry
-            Registry(n.pin_dir).remove()
-        except Exception:  # noqa: BLE001
-            pass
-        if had_pins and os.path.isdir(n.cgroup):
-            # Socket-level programs attached to the cgroup go with it.
-            from .nodes import kill_cgroup
-            kill_cgroup(n.cgroup)
-            os.makedirs(n.cgroup, exist_ok=True)
+            proxies.clear_node(n)
 
     # ---- down ------------------------------------------------------------------------------------
     def down(self, *, purge: bool = False, quiet: bool = False) -> None:
@@ -652,7 +506,7 @@ class Lab:
             if os.path.isdir(bpffs):
                 for d in os.listdir(bpffs):
                     if d.startswith(f"{self.name}-node-"):
-                        self._clear_bpf(NodeSpec(d, 0, "", "", "", "", os.path.join(bpffs, d), ""))
+                        proxies.clear_bpf(NodeSpec(d, 0, "", "", "", "", os.path.join(bpffs, d), ""))
             removed = self.topology.destroy()
             self._claim_path().unlink(missing_ok=True)
         stop_processes({p: None for p in marked_pids(str(self.workdir))}, grace=2.0)
@@ -714,10 +568,10 @@ class Lab:
             }
             kind = PROXY_MODES.get((st or {}).get("proxy") or "none", PROXY_MODES["none"]).kind
             if kind == "kxlb":
-                entry["proxy"]["metrics"] = f"127.0.0.1:{CONTROLLER_METRICS_BASE + self.port_offset + n.index}"
+                entry["proxy"]["metrics"] = f"127.0.0.1:{proxies.CONTROLLER_METRICS_BASE + self.port_offset + n.index}"
             elif kind == "kube-proxy":
-                entry["proxy"]["metrics"] = f"127.0.0.1:{KUBE_PROXY_METRICS_BASE + self.port_offset + n.index} (in {n.netns})"
-                entry["proxy"]["healthz"] = f"127.0.0.1:{KUBE_PROXY_HEALTHZ_BASE + self.port_offset + n.index} (in {n.netns})"
+                entry["proxy"]["metrics"] = f"127.0.0.1:{proxies.KUBE_PROXY_METRICS_BASE + self.port_offset + n.index} (in {n.netns})"
+                entry["proxy"]["healthz"] = f"127.0.0.1:{proxies.KUBE_PROXY_HEALTHZ_BASE + self.port_offset + n.index} (in {n.netns})"
             healthy = healthy and entry["present"] and bool(agent) and (ready is not False) and \
                 ((st or {}).get("proxy") == "none" or bool(proxy))
             out["nodes"].append(entry)

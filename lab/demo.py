@@ -19,7 +19,9 @@ from collections import Counter
 
 from . import kube
 from .client import tcp_connect, tcp_exchange, udp_request
-from .cluster import DEFAULT_WORKDIR, PROXY_MODES, Lab, LabError, http_get
+from .client import http_get
+from .cluster import DEFAULT_WORKDIR, Lab, LabError
+from .proxies import PROXY_MODES
 
 NS = "demo"
 

@@ -19,7 +19,8 @@ import sys
 
 from kxlb.loader.errors import KxlbError
 
-from .cluster import DEFAULT_WORKDIR, PROXIES, PROXY_MODES, Lab, LabError
+from .cluster import DEFAULT_WORKDIR, Lab, LabError
+from .proxies import PROXIES, PROXY_MODES
 from .controlplane import ControlPlaneError
 
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import echo_service_and_client
 from kxlb.lab import kube
 from kxlb.lab.client import tcp_request, udp_request
-from kxlb.lab.cluster import http_get
+from kxlb.lab.client import http_get
 
 
 @pytest.mark.parametrize("proxy", ["kube-proxy", "kxlb"])

@@ -13,7 +13,8 @@ import pytest
 from conftest import echo_service_and_client
 from kxlb.lab import kube
 from kxlb.lab.client import tcp_request, udp_request
-from kxlb.lab.cluster import Lab, LabError, http_get, netns_exists
+from kxlb.lab.client import http_get
+from kxlb.lab.cluster import Lab, LabError, netns_exists
 from kxlb.lab.controlplane import APISERVER
 
 pytestmark = pytest.mark.timeout(240)

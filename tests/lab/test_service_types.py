@@ -17,7 +17,7 @@ import pytest
 
 from kxlb.lab import kube
 from kxlb.lab.client import tcp_request
-from kxlb.lab.cluster import http_get
+from kxlb.lab.client import http_get
 from kxlb.lab.nodes import EXTERNAL_IP_RANGE
 
 # One externalIP per proxy: the previous test's namespace may still be going away.

@@ -1,0 +1,163 @@
+"""The service proxies a lab node runs: which program with which flags, how to tell it is
+ready, and how to remove what it left in the node (nftables tables, KUBE-* iptables
+chains of either backend, tc and XDP programs, pins, cgroup programs).
+
+Pure per-node functions; `Lab.set_proxy` (cluster.py) switches every node with them."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .client import http_get
+from .errors import LabError
+from .nodes import CLUSTER_CIDR, CLUSTER_CIDR6, NodeSpec, netns_exists, run
+
+# Dual-stack: one CIDR of each family, IPv4 first (the primary family, as kind's default).
+CLUSTER_CIDRS = f"{CLUSTER_CIDR},{CLUSTER_CIDR6}"
+
+
+@dataclass(frozen=True)
+class ProxyMode:
+    """A service proxy the lab can run on its nodes: which program, with which flags."""
+    name: str
+    kind: str                # "kxlb" (the controller), "kube-proxy", or "none"
+    flags: tuple[str, ...] = ()
+    help: str = ""
+    # kube-proxy's iptables backend: "" is the iptables on PATH (Debian 12's is nf_tables);
+    # "legacy" puts iptables-legacy first on its PATH under the plain names, as kind's
+    # iptables-wrapper does on hosts whose rules are legacy.
+    iptables: str = ""
+
+
+PROXY_MODES = {m.name: m for m in (
+    ProxyMode("kxlb", "kxlb", (), "kxlb controller, datapath at tc on the uplink and the pod interfaces"),
+    # Generic XDP on veths: the frames the pods' stacks send carry CHECKSUM_PARTIAL,
+    # which XDP cannot see; the lab's senders are all Linux stacks that finalise them.
+    ProxyMode("kxlb-xdp", "kxlb", ("--xdp", "--xdp-trust-checksums"), "kxlb controller, datapath at XDP"),
+    ProxyMode("kube-proxy", "kube-proxy", ("--proxy-mode=nftables",), "the real kube-proxy, nftables mode"),
+    ProxyMode("kube-proxy-iptables", "kube-proxy", ("--proxy-mode=iptables",),
+              "the real kube-proxy, iptables mode (the host's iptables: nf_tables backend)"),
+    ProxyMode("kube-proxy-iptables-legacy", "kube-proxy", ("--proxy-mode=iptables",),
+              "the real kube-proxy, iptables mode on the legacy (x_tables) backend", iptables="legacy"),
+    ProxyMode("none", "none", (), "no service proxy"),
+)}
+PROXIES = tuple(PROXY_MODES)
+# Per-node ports (loopback), shifted by port_offset and node index.
+CONTROLLER_METRICS_BASE = 16500   # kxlb controller, host loopback
+KUBE_PROXY_METRICS_BASE = 16600   # inside the node's namespace
+KUBE_PROXY_HEALTHZ_BASE = 16700   # inside the node's namespace
+
+
+def controller_argv(n: NodeSpec, mode: str, port_offset: int, kubeconfig: Path) -> list[str]:
+    """`kxlb controller` on node *n*, as the DaemonSet runs it (host network, its pin dir)."""
+    port = CONTROLLER_METRICS_BASE + port_offset + n.index
+    return [sys.executable, "-m", "kxlb", "--pin-dir", n.pin_dir, "controller",
+            "--node-name", n.name, "--kubeconfig", str(kubeconfig),
+            "--netns", n.netns, "--iface", "eth0", "--iface", "kxp*", "--cgroup", n.cgroup,
+            "--cluster-cidr", CLUSTER_CIDRS, "--metrics-bind-address", f"127.0.0.1:{port}",
+            *PROXY_MODES[mode].flags]
+
+
+def kube_proxy_argv(n: NodeSpec, mode: str, port_offset: int, kubeconfig: Path, bin_dir: Path) -> list[str]:
+    """The real kube-proxy in node *n*'s network namespace."""
+    mport = KUBE_PROXY_METRICS_BASE + port_offset + n.index
+    hport = KUBE_PROXY_HEALTHZ_BASE + port_offset + n.index
+    return ["ip", "netns", "exec", n.netns, str(bin_dir / "kube-proxy"),
+            *PROXY_MODES[mode].flags, f"--hostname-override={n.name}",
+            f"--kubeconfig={kubeconfig}", f"--cluster-cidr={CLUSTER_CIDRS}",
+            f"--metrics-bind-address=127.0.0.1:{mport}", f"--healthz-bind-address=127.0.0.1:{hport}",
+            # Host-wide conntrack sysctls are not ours to change (nor writable in a netns).
+            "--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0",
+            "--conntrack-tcp-timeout-close-wait=0", "--v=2"]
+
+
+def health(mode: str, n: NodeSpec, port_offset: int) -> tuple[bool, str]:
+    """Is *mode* ready on node *n* (kxlb: /readyz; kube-proxy: /healthz)? And why not."""
+    try:
+        if PROXY_MODES[mode].kind == "kxlb":
+            port = CONTROLLER_METRICS_BASE + port_offset + n.index
+            code, body = http_get("127.0.0.1", port, "/readyz")
+        else:
+            port = KUBE_PROXY_HEALTHZ_BASE + port_offset + n.index
+            code, body = http_get("127.0.0.1", port, "/healthz", ns=n.netns)
+    except OSError as exc:
+        return False, str(exc)
+    return code == 200, f"HTTP {code} {body.strip()[:200]}"
+
+
+def log_name(mode: str, node: str) -> str:
+    """The log file (under the lab's logs/) of *mode*'s process on *node*."""
+    return f"kxlb-controller-{node}" if PROXY_MODES[mode].kind == "kxlb" else f"kube-proxy-{node}"
+
+
+def clear_node(n: NodeSpec) -> None:
+    """Remove what any proxy left in node *n* (its processes are stopped already)."""
+    if netns_exists(n.netns):
+        for fam in ("ip", "ip6", "inet"):
+            run("ip", "netns", "exec", n.netns, "nft", "delete", "table", fam, "kube-proxy", check=False)
+        clear_iptables(n)
+    clear_bpf(n)
+
+
+def iptables_env(workdir: Path, backend: str) -> Optional[dict]:
+    """PATH for a kube-proxy whose iptables must be *backend* ("" = the host's)."""
+    if not backend:
+        return None
+    shim = workdir / f"iptables-{backend}"
+    shim.mkdir(parents=True, exist_ok=True)
+    for tool in ("iptables", "ip6tables"):
+        for suffix in ("", "-save", "-restore"):
+            target = shutil.which(f"{tool}-{backend}{suffix}")
+            if not target:
+                raise LabError(f"{tool}-{backend}{suffix} is not installed (the iptables package has it)")
+            link = shim / f"{tool}{suffix}"
+            link.unlink(missing_ok=True)
+            link.symlink_to(target)  # xtables-*-multi picks its mode from the name it is called by
+    return {"PATH": f"{shim}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"}
+
+def clear_iptables(n: NodeSpec) -> None:
+    """kube-proxy's iptables mode leaves KUBE-* chains (and jumps to them from the
+    built-in chains) in the node's tables, of either backend: flush and delete those,
+    nothing else."""
+    for tool in ("iptables", "ip6tables", "iptables-legacy", "ip6tables-legacy"):
+        for table in ("nat", "filter", "mangle"):
+            dump = run("ip", "netns", "exec", n.netns, f"{tool}-save", "-t", table, check=False).stdout
+            if "KUBE-" not in dump:
+                continue
+            kept = [line for line in dump.splitlines()
+                    if "KUBE-" not in line or not (line.startswith(":") or line.startswith("-A"))]
+            run("ip", "netns", "exec", n.netns, f"{tool}-restore", "-T", table, input="\n".join(kept) + "\n",
+                check=False)
+
+def clear_bpf(n: NodeSpec) -> None:
+    """Detach every tc and XDP program of the node, remove its pins and (with them) the
+    cgroup's socket programs."""
+    if netns_exists(n.netns):
+        qdiscs = json.loads(run("tc", "-n", n.netns, "-j", "qdisc", "show", check=False).stdout or "[]")
+        cmds = [f"qdisc del dev {q['dev']} clsact" for q in qdiscs if q.get("kind") == "clsact"]
+        if cmds:
+            run("tc", "-force", "-n", n.netns, "-batch", "-", input="\n".join(cmds) + "\n", check=False)
+        links = json.loads(run("ip", "-n", n.netns, "-j", "link", "show", check=False).stdout or "[]")
+        # Per mode: a plain "xdp off" means native on a device with a driver hook (veth
+        # has one), and would leave a generic program attached.
+        cmds = [f"link set dev {x['ifname']} {mode} off" for x in links if "xdp" in x
+                for mode in ("xdpgeneric", "xdpdrv")]
+        if cmds:
+            run("ip", "-force", "-n", n.netns, "-batch", "-", input="\n".join(cmds) + "\n", check=False)
+    had_pins = os.path.exists(n.pin_dir)
+    shutil.rmtree(n.pin_dir, ignore_errors=True)
+    try:
+        from kxlb.loader.attach import Registry
+        Registry(n.pin_dir).remove()
+    except Exception:  # noqa: BLE001
+        pass
+    if had_pins and os.path.isdir(n.cgroup):
+        # Socket-level programs attached to the cgroup go with it.
+        from .nodes import kill_cgroup
+        kill_cgroup(n.cgroup)
+        os.makedirs(n.cgroup, exist_ok=True)
