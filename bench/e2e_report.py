@@ -60,6 +60,16 @@ def _spread(p50s: list[float]) -> str:
     return f" [{_ms(min(p50s))}–{_ms(max(p50s))}]" if len(p50s) > 1 else ""
 
 
+def _median_ms(xs: list[float]) -> str:
+    return _ms(median(xs)) if xs else "–"
+
+
+def _timeouts(r: dict) -> str:
+    """Created or changed Services that did not answer within --change-timeout."""
+    n = r.get("change_timeouts", 0)
+    return f", {n} timed out" if n else ""
+
+
 def latency_table(rows: list[dict], compact: bool = False) -> str:
     head = ("| Services | proxy | start to answering s (compile) | from outside p50 ms [rounds] | p99 ms | from a pod p50 ms [rounds] | p99 ms "
             "| create → answers ms | change → answers ms | memory MB (RSS + kernel) |")
@@ -79,7 +89,8 @@ def latency_table(rows: list[dict], compact: bool = False) -> str:
             f"| {_ms(c99)}{'' if none else _ratio(c99, fc99)}{_failed(r.get('client_failed'))} "
             f"| {_ms(p50)}{'' if none else _ratio(p50, fp)}{_spread(r['pod_round_p50'])} "
             f"| {_ms(p99)}{'' if none else _ratio(p99, fp99)}{_failed(r.get('pod_failed'))} "
-            f"| {'–' if none else _ms(median(r['create_ms']))} | {'–' if none else _ms(median(r['change_ms']))} "
+            f"| {'–' if none else _median_ms(r['create_ms'])} | {'–' if none else _median_ms(r['change_ms'])}"
+            f"{_timeouts(r)} "
             f"| {mem} |")
     return "\n".join(out)
 
@@ -156,7 +167,8 @@ def plots(results: dict, out: Path) -> list[str]:
                 continue
             xs = [r["services"] for r in by[p]]
             ys = [r["rss_mb"] + r["kernel_mb"] if key is None else
-                  median(r[key]) if isinstance(r[key], list) else r[key] for r in by[p]]
+                  (median(r[key]) if r[key] else float("nan")) if isinstance(r[key], list) else r[key]
+                  for r in by[p]]
             ax.plot(xs, ys, "o-", color=COLORS.get(p), label=label(p))
         if key == "sync_s":
             ax.set_yscale("log")

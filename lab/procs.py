@@ -11,7 +11,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 Group = dict[int, Optional[int]]   # pid -> its start time (clock ticks; None: whichever process has the pid)
 
@@ -45,6 +45,17 @@ def alive(pid: int, start: Optional[int] = None) -> bool:
             pass
         return False
     return True
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """User + system CPU time the live ones of *pids* have used (threads included)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = _stat_fields(pid)
+        if fields:
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
 
 
 def group_members(pgid: int) -> list[int]:

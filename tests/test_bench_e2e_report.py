@@ -53,6 +53,11 @@ def test_every_figure_with_a_floor_carries_its_ratio_to_the_floor_of_its_size():
     assert kx[3].strip() == "2.00 (12.5)" and kp[3].strip() == "2.00"  # the compile, for kxlb
     floor = next(x for x in lines if "no proxy" in x).split("|")
     assert "x)" not in floor[4] and floor[3].strip() == "–"
+    # Services created or changed that never answered: counted beside the median of those that did.
+    slow = rep.latency_table([RESULTS["rows"][2], row("kube-proxy-iptables-legacy", 1000, [0.2] * 10, [0.2] * 10,
+                                                      create_ms=[61000.0], change_ms=[], change_timeouts=2)])
+    cells = slow.splitlines()[-1].split("|")
+    assert cells[2].strip() == "kube-proxy iptables-legacy" and cells[8:10] == [" 61000 ", " –, 2 timed out "]
     tp = rep.throughput_table(RESULTS["rows"])
     assert "| 1 | kube-proxy nftables | 8.00 (0.80x) | 320 (0.80x) | 2.50 (1.25x) |" in tp
     # a merged run's throughput at another size: its ratios against that size's floor

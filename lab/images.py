@@ -1,0 +1,198 @@
+"""Container images without a registry: OCI image layouts written by the project.
+
+No registry is reachable from the lab, so the images a real-kubelet node needs (pause,
+agnhost, kxlb's own) are packed here and imported into each node's containerd under the
+names the Kubernetes e2e framework expects (``registry.k8s.io/pause:3.10.2``, ...).
+
+What is written follows the OCI image-spec v1.1 image layout: ``oci-layout``,
+``index.json`` and content-addressed ``blobs/sha256/``: one manifest, its config
+(architecture, os, rootfs diff_ids, entrypoint, env) and uncompressed tar layers. The
+index names the image twice, as containerd and the OCI tools read it:
+``io.containerd.image.name`` (the full reference, used by ``ctr images import``) and
+``org.opencontainers.image.ref.name`` (the tag, used by umoci and skopeo).
+
+Layers are reproducible: entries sorted, owned by root, mtime 0, parent directories
+written before their children, so the same inputs give the same digests (the cache key)
+on every machine.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Iterable, Optional
+
+OCI_LAYOUT_VERSION = "1.0.0"
+MT_INDEX = "application/vnd.oci.image.index.v1+json"
+MT_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+MT_CONFIG = "application/vnd.oci.image.config.v1+json"
+MT_LAYER = "application/vnd.oci.image.layer.v1.tar"
+ANN_CONTAINERD_NAME = "io.containerd.image.name"
+ANN_REF_NAME = "org.opencontainers.image.ref.name"
+
+# The e2e framework's names (k8s.io/kubernetes test/utils/image/manifest.go, v1.37.1).
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10.2"
+PAUSE_SOURCE = Path(__file__).resolve().parent / "pause" / "pause.c"
+
+
+class ImageError(RuntimeError):
+    """An image could not be built or packed; the message names the image and the step."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file of a layer: a regular file (``data`` or ``source``), a directory, or a
+    symlink (``link``)."""
+    path: str                       # inside the image, absolute or relative to /
+    data: Optional[bytes] = None
+    source: Optional[Path] = None   # a file on this machine, read when the layer is made
+    mode: Optional[int] = None      # default 0755 for directories, 0644 for files
+    link: Optional[str] = None
+    directory: bool = False
+
+    @property
+    def name(self) -> str:
+        """The tar member name: relative, normalised, never escaping the root."""
+        p = PurePosixPath("/", self.path)
+        parts = [x for x in p.parts[1:] if x not in ("", ".")]
+        if not parts or ".." in parts:
+            raise ImageError(f"layer entry {self.path!r}: not a path inside the image")
+        return "/".join(parts)
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """What the runtime reads from the image's config (OCI image-spec ``config``)."""
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+    env: tuple[str, ...] = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
+    workdir: str = "/"
+    user: str = ""
+    labels: dict = field(default_factory=dict)
+
+
+def _split_reference(ref: str) -> tuple[str, str]:
+    """``registry/name:tag`` -> (``registry/name``, ``tag``). Digests are not for us."""
+    if "@" in ref:
+        raise ImageError(f"image reference {ref!r}: a tag is needed, not a digest")
+    slash = ref.rfind("/")
+    colon = ref.rfind(":")
+    if colon <= slash or colon == len(ref) - 1:
+        raise ImageError(f"image reference {ref!r}: no tag (want registry/name:tag)")
+    return ref[:colon], ref[colon + 1:]
+
+
+def layer_tar(entries: Iterable[Entry]) -> bytes:
+    """An uncompressed, reproducible tar layer of *entries* (parents made as needed)."""
+    files: dict[str, tuple[Entry, bytes | None]] = {}
+    for e in entries:
+        name = e.name
+        if name in files:
+            raise ImageError(f"layer entry {e.path!r} given twice")
+        if e.link is None and not e.directory:
+            if (e.data is None) == (e.source is None):
+                raise ImageError(f"layer entry {e.path!r}: give data or source (one of them)")
+            try:
+                body = e.data if e.data is not None else Path(e.source).read_bytes()
+            except OSError as exc:
+                raise ImageError(f"layer entry {e.path!r}: cannot read {e.source}: {exc.strerror}") from None
+        else:
+            body = None
+        files[name] = (e, body)
+    dirs = {"/".join(n.split("/")[:i]) for n in files for i in range(1, n.count("/") + 1)}
+    names = sorted(set(files) | dirs)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in names:
+            e, body = files.get(name, (Entry(name, directory=True, mode=0o755), None))
+            info = tarfile.TarInfo(name)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            info.mode = e.mode if e.mode is not None else (0o755 if e.directory else 0o644)
+            if e.directory:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif e.link is not None:
+                info.type, info.linkname, info.mode = tarfile.SYMTYPE, e.link, 0o777
+                tar.addfile(info)
+            else:
+                info.size = len(body)
+                tar.addfile(info, io.BytesIO(body))
+    return buf.getvalue()
+
+
+def _blob(dest: Path, data: bytes) -> dict:
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    path = dest / "blobs" / "sha256" / digest.split(":", 1)[1]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        tmp.rename(path)
+    return {"digest": digest, "size": len(data)}
+
+
+def _json(obj: dict) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def write_layout(dest: Path, ref: str, layers: list[bytes], config: ImageConfig,
+                 arch: str = "amd64") -> str:
+    """Write an OCI image layout of one image to directory *dest* (replaced); returns
+    the manifest's digest."""
+    _, tag = _split_reference(ref)
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    layer_descs = [{"mediaType": MT_LAYER, **_blob(dest, t)} for t in layers]
+    cfg = {"architecture": arch, "os": "linux",
+           "rootfs": {"type": "layers", "diff_ids": [d["digest"] for d in layer_descs]},
+           "config": {k: v for k, v in (("Entrypoint", list(config.entrypoint)), ("Cmd", list(config.cmd)),
+                                         ("Env", list(config.env)), ("WorkingDir", config.workdir),
+                                         ("User", config.user), ("Labels", dict(config.labels))) if v}}
+    manifest = {"schemaVersion": 2, "mediaType": MT_MANIFEST,
+                "config": {"mediaType": MT_CONFIG, **_blob(dest, _json(cfg))}, "layers": layer_descs}
+    mdesc = {"mediaType": MT_MANIFEST, **_blob(dest, _json(manifest)),
+             "annotations": {ANN_CONTAINERD_NAME: ref, ANN_REF_NAME: tag},
+             "platform": {"architecture": arch, "os": "linux"}}
+    (dest / "oci-layout").write_bytes(_json({"imageLayoutVersion": OCI_LAYOUT_VERSION}))
+    (dest / "index.json").write_bytes(_json({"schemaVersion": 2, "mediaType": MT_INDEX, "manifests": [mdesc]}))
+    return mdesc["digest"]
+
+
+def write_archive(layout: Path, out: Path) -> Path:
+    """The layout as one tar (what ``ctr images import`` reads), written reproducibly."""
+    entries = [Entry(str(p.relative_to(layout)), source=p) for p in sorted(layout.rglob("*")) if p.is_file()]
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_bytes(layer_tar(entries))
+    tmp.rename(out)
+    return out
+
+
+def build_pause(out_dir: Path, cc: str = "cc") -> Path:
+    """The pause binary, static, from lab/pause/pause.c (rebuilt when the source changes)."""
+    src = PAUSE_SOURCE.read_bytes()
+    binary = out_dir / f"pause-{hashlib.sha256(src).hexdigest()[:12]}"
+    if binary.exists():
+        return binary
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = binary.with_suffix(".tmp")
+    r = subprocess.run([cc, "-static", "-O2", "-Wall", "-Werror", "-o", str(tmp), str(PAUSE_SOURCE)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        raise ImageError(f"pause: {cc} -static failed (libc6-dev has the static libc):\n{r.stderr.strip()}")
+    os.replace(tmp, binary)
+    return binary
+
+
+def pause_image(out_dir: Path, ref: str = PAUSE_IMAGE) -> tuple[Path, str]:
+    """The pod sandbox image: /pause alone. Returns (layout directory, manifest digest)."""
+    binary = build_pause(out_dir / "build")
+    layer = layer_tar([Entry("/pause", source=binary, mode=0o755)])
+    layout = out_dir / "pause"
+    return layout, write_layout(layout, ref, [layer], ImageConfig(entrypoint=("/pause",), env=(), user="65535:65535"))
