@@ -22,7 +22,8 @@ kxlb-xdp), this measures:
 
 Before each proxy (the floor included) the bench waits for the lab's own processes to go
 quiet (`settle`): the control plane goes on working for a while after N Services are
-created, and whichever proxy came first paid for it. The floor is the same traffic with no proxy, straight to the pod addresses (the client
+created, and whichever proxy came first paid for it. Untimed connections then warm the
+path (neighbour entries, caches) the same for every proxy. The floor is the same traffic with no proxy, straight to the pod addresses (the client
 gets a route to the pods for it); every figure with a floor is reported as a ratio to
 it. Results go to docs/bench-e2e/ (results.json, plots) and the table to
 docs/bench-e2e.md and README's benchmark section. Run with `make bench-e2e` (root).
@@ -323,6 +324,8 @@ def measure(b: Bench, proxy: str, size: int, vip: str, a: argparse.Namespace, fi
         row.rss_mb = sum(rss_mb(pid) for pid in (b.lab.proxy_pid(n.name) for n in b.lab.node_specs) if pid)
         row.kernel_mb = max(0, kernel_kb() - k0) / 1024
     targets = [(ip, ECHO_PORT) for ip, _ in b.pods] if floor else [(vip, VIP_PORT)]
+    for ns in (b.client_ns, b.probe_ns):  # untimed: neighbour entries and caches warm for every proxy alike
+        latencies(ns, targets, 2 * len(b.pods), f"{proxy} @ {size:,}: warm-up")
     for r in range(a.rounds):
         for ns, all_ms, p50s, where in ((b.client_ns, row.client_ms, row.client_round_p50, "client"),
                                         (b.probe_ns, row.pod_ms, row.pod_round_p50, "pod")):
