@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 from kxlb.loader.errors import KxlbError
 
+from .procs import alive
+
 PREFIX = "kxl"
 VIP_RANGE = "10.96.0.0/16"
 VIP_RANGE6 = "fd00:96::/64"
@@ -38,28 +40,18 @@ def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return r
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def cleanup_stale() -> list[str]:
     """Delete lab namespaces, bpffs pins and cgroups left by processes that are gone."""
     removed = []
     for ns in sh("ip", "netns", "list").stdout.split():
         m = re.fullmatch(rf"{PREFIX}(\d+)x\d+-\w+", ns)
-        if m and not _pid_alive(int(m.group(1))):
+        if m and not alive(int(m.group(1))):
             sh("ip", "netns", "del", ns, check=False)
             removed.append(ns)
     cgroups = "/sys/fs/cgroup/unified"  # tests put host-network processes in kxl* cgroups
     for d in os.listdir(cgroups) if os.path.isdir(cgroups) else []:
         m = re.fullmatch(rf"{PREFIX}(\d+)x\d+", d)
-        if m and not _pid_alive(int(m.group(1))):
+        if m and not alive(int(m.group(1))):
             try:
                 os.rmdir(os.path.join(cgroups, d))  # detaches any program attached there
                 removed.append(d)
@@ -67,7 +59,7 @@ def cleanup_stale() -> list[str]:
                 pass
     for d in os.listdir("/sys/fs/bpf") if os.path.isdir("/sys/fs/bpf") else []:
         m = re.fullmatch(rf"{PREFIX}(\d+)x\d+", d)
-        if m and not _pid_alive(int(m.group(1))):
+        if m and not alive(int(m.group(1))):
             for f in os.listdir(f"/sys/fs/bpf/{d}"):
                 os.unlink(f"/sys/fs/bpf/{d}/{f}")
             os.rmdir(f"/sys/fs/bpf/{d}")
