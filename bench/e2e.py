@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from e2e_report import kept_results, label, render, write_docs  # noqa: E402
 from stats import rss_mb  # noqa: E402
 
-from kxlb.lab import kube  # noqa: E402
+from kxlb.lab import kube, procs  # noqa: E402
 from kxlb.lab.client import tcp_exchange  # noqa: E402
 from kxlb.lab.cluster import MARKER_ENV, Lab, LabError  # noqa: E402
 from kxlb.lab.proxies import PROXY_MODES  # noqa: E402
@@ -361,8 +361,6 @@ def settle(lab: Lab, what: str, busy: float = 0.10, window: float = 2.0, timeout
     than *busy* of a core over *window* seconds: after N Services are created the API
     server, etcd and the EndpointSlice controller go on working for a while, and a proxy
     measured then would pay for it (the first one measured, the floor, most of all)."""
-    from kxlb.lab import procs
-
     deadline = time.monotonic() + timeout
     while True:
         pids = lab.controlplane.pids() + procs.marked_pids(MARKER_ENV, str(lab.workdir))

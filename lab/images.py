@@ -165,15 +165,6 @@ def write_layout(dest: Path, ref: str, layers: list[bytes], config: ImageConfig,
     return mdesc["digest"]
 
 
-def write_archive(layout: Path, out: Path) -> Path:
-    """The layout as one tar (what ``ctr images import`` reads), written reproducibly."""
-    entries = [Entry(str(p.relative_to(layout)), source=p) for p in sorted(layout.rglob("*")) if p.is_file()]
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_bytes(layer_tar(entries))
-    tmp.rename(out)
-    return out
-
-
 def build_pause(out_dir: Path, cc: str = "cc") -> Path:
     """The pause binary, static, from lab/pause/pause.c (rebuilt when the source changes)."""
     src = PAUSE_SOURCE.read_bytes()
