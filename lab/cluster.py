@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from . import controlplane as cpmod
-from . import procs, proxies
+from . import images, kubelet, pki, procs, proxies
 from .controlplane import ControlPlane, ControlPlaneError, Ports
 from .errors import LabError
 from .nodes import LB_POOL, SERVICE_CIDR, SERVICE_CIDR6, NodeSpec, Topology, netns_exists
@@ -84,7 +84,7 @@ class Lab:
     def __init__(self, workdir: os.PathLike | str = DEFAULT_WORKDIR, *, name: str = "kxlab", nodes: int = 2,
                  proxy: str = "kxlb", port_offset: int = 0, advertise_address: Optional[str] = None,
                  api_iface: Optional[str] = None, bin_dir: os.PathLike | str | None = None,
-                 log: Optional[Callable[[str], None]] = None):
+                 kubelet: bool = False, log: Optional[Callable[[str], None]] = None):
         if proxy not in PROXIES:
             raise ValueError(f"proxy must be one of {', '.join(PROXIES)}")
         self.workdir = Path(workdir).resolve()
@@ -94,6 +94,7 @@ class Lab:
             "10.254.0.1" if port_offset == 0 else f"10.254.{(port_offset // 256) % 256}.{port_offset % 254 + 1}")
         self.api_iface = api_iface or ("kxlb-apisrv0" if name == "kxlab" else f"{name[:10]}-api0")
         self._bin_dir = Path(bin_dir) if bin_dir else None
+        self.kubelet = kubelet   # real kubelet + containerd nodes (lab/kubelet.py), else pod agents
         self.log = log or (lambda msg: print(f"lab: {msg}", file=sys.stderr, flush=True))
         self.topology = Topology(name, nodes)
 
@@ -119,7 +120,7 @@ class Lab:
         args = dict(name=st["topology"]["name"], nodes=len(st["topology"]["nodes"]),
                     proxy=st.get("proxy_requested", "kxlb"), port_offset=st.get("port_offset", 0),
                     advertise_address=st.get("advertise_address"), api_iface=st.get("api_iface"),
-                    bin_dir=st.get("bin_dir"))
+                    bin_dir=st.get("bin_dir"), kubelet=st.get("runtime") == "kubelet")
         args.update(kw)
         return cls(wd, **args)
 
@@ -234,8 +235,9 @@ class Lab:
         t0 = time.monotonic()
         st = self.read_state()
         running = bool(st) and st.get("state") != "down"
-        same = bool(st) and (st["topology"]["name"], len(st["topology"]["nodes"]), st.get("port_offset", 0)) == \
-            (self.name, self.nodes, self.port_offset)
+        same = bool(st) and (st["topology"]["name"], len(st["topology"]["nodes"]), st.get("port_offset", 0),
+                             st.get("runtime", "agent")) == \
+            (self.name, self.nodes, self.port_offset, "kubelet" if self.kubelet else "agent")
         if running and not same and \
                 ControlPlane.from_workdir(self.workdir).status(probe=False)["components"][cpmod.APISERVER]["running"]:
             raise LabError(f"the lab in {self.workdir} runs as {st['topology']['name']} with "
@@ -300,8 +302,11 @@ class Lab:
         t = time.monotonic()
         self.topology.create()
         self.log(f"network: {len(self.node_specs)} nodes, fabric, client in {time.monotonic() - t:.1f}s")
-        for n in self.node_specs:
-            self._start_agent(n)
+        if self.kubelet:
+            self._start_kubelet_nodes(timeout)
+        else:
+            for n in self.node_specs:
+                self._start_agent(n)
         self._wait_nodes(timeout)
         self._start_lbpool()
 
@@ -323,6 +328,7 @@ class Lab:
             "admin_kubeconfig": str(self.kubeconfig),
             "kube_proxy_kubeconfig": str(self.kube_proxy_kubeconfig),
             "proxy_requested": self.proxy_requested,
+            "runtime": "kubelet" if self.kubelet else "agent",
         })
         st.setdefault("created_id", str(uuid.uuid4()))
         st.update(extra)
@@ -348,7 +354,11 @@ class Lab:
             self.log(f"network incomplete ({'; '.join(problems)}): rebuilding the lab")
             return False
         for n in self.node_specs:
-            if not self._read_pid(f"agent-{n.name}"):
+            dead = [r for r in self._node_roles(n) if not self._read_pid(r)]
+            if dead and self.kubelet:
+                self.log(f"{', '.join(dead)} not running: rebuilding the lab")
+                return False
+            if dead:
                 self.log(f"pod agent of {n.name} not running: starting it")
                 self._start_agent(n)
         self._wait_nodes(60)
@@ -377,9 +387,10 @@ class Lab:
             detail = "not checked yet"
             while True:
                 for n in self.node_specs:
-                    if not self._read_pid(f"agent-{n.name}"):
-                        logp = self.workdir / "logs" / f"agent-{n.name}.log"
-                        raise LabError(f"the pod agent of {n.name} exited; log {logp}:\n{procs.tail(logp)}")
+                    for role in self._node_roles(n):
+                        if not self._read_pid(role):
+                            logp = self.workdir / "logs" / f"{role}.log"
+                            raise LabError(f"{role} exited; log {logp}:\n{procs.tail(logp)}")
                 try:
                     nodes = {x["metadata"]["name"]: x for x in
                              json.loads(core.list_node(_preload_content=False, _request_timeout=5).data)["items"]}
@@ -402,9 +413,75 @@ class Lab:
                 except Exception as exc:  # noqa: BLE001
                     detail = f"API: {exc}"
                 if time.monotonic() > deadline:
-                    raise LabError(f"nodes not ready after {timeout:.0f}s: {detail} (agent logs in "
+                    raise LabError(f"nodes not ready after {timeout:.0f}s: {detail} (node logs in "
                                    f"{self.workdir / 'logs'})")
                 time.sleep(0.3)
+        finally:
+            api.close()
+
+    def _node_roles(self, n: NodeSpec) -> list[str]:
+        """The processes that make node *n* a node (pidfile roles; logs/<role>.log)."""
+        if self.kubelet:
+            return [f"holder-{n.name}", f"containerd-{n.name}", f"kubelet-{n.name}"]
+        return [f"agent-{n.name}"]
+
+    # ---- real-kubelet nodes ----------------------------------------------------------------------
+    def kubelet_node(self, n: NodeSpec) -> kubelet.KubeletNode:
+        return kubelet.KubeletNode(self.workdir, n, node_bin=self.node_bin_dir,
+                                   cgroup2_root=self.topology.cgroup_root, api_port=self.api_port)
+
+    @property
+    def node_bin_dir(self) -> Path:
+        st = self.read_state() or {}
+        if st.get("node_bin_dir"):
+            return Path(st["node_bin_dir"])
+        return cpmod.ensure_binaries(node=True, log=self.log)
+
+    def _start_kubelet_nodes(self, timeout: float) -> None:
+        """containerd and a kubelet per node (``lab/kubelet.py``); returns once every
+        kubelet runs (``_wait_nodes`` waits for Ready)."""
+        t = time.monotonic()
+        node_bin = cpmod.ensure_binaries(node=True, log=self.log)
+        self._write_state({"node_bin_dir": str(node_bin)})
+        imgs = kubelet.NodeImages.build(self.workdir / "images", node_bin)
+        pause = images.build_pause(self.workdir / "images" / "build")
+        ca = pki.load(self.controlplane.pki_dir, "ca")
+        cp = self.controlplane
+        maps = []
+        for n in self.node_specs:
+            cp.add_local_address(n.ip)
+            maps += [f"{n.netns}/127.0.0.1:{self.api_port}=-/127.0.0.1:{self.api_port}",
+                     f"-/{n.ip}:{kubelet.KUBELET_PORT}={n.netns}/{n.ip}:{kubelet.KUBELET_PORT}"]
+        self._spawn("relay", [sys.executable, "-m", "kxlb.lab.relay", *(f"--map={m}" for m in maps)], "relay")
+        self._create_nodes([self.kubelet_node(n).node_object() for n in self.node_specs])
+        nodes = [(n, self.kubelet_node(n)) for n in self.node_specs]
+        for n, kn in nodes:
+            kn.prepare(ca, sys.executable)
+            holder = self._spawn(f"holder-{n.name}", kn.holder_argv(pause), f"holder-{n.name}", cgroup=n.cgroup)
+            kubelet.wait_for(f"the namespace holder of {n.name}", lambda: _entered(holder.pid, str(pause)), 10)
+            self._spawn(f"containerd-{n.name}", kn.containerd_argv(holder.pid), f"containerd-{n.name}",
+                        cgroup=n.cgroup, extra_env=kn.containerd_env())
+        for n, kn in nodes:
+            kubelet.wait_for(f"containerd of {n.name}", kn.containerd_ready, 60,
+                             lambda: procs.tail(self.workdir / "logs" / f"containerd-{n.name}.log"))
+            kn.import_images(imgs)
+            holder = self._read_pid(f"holder-{n.name}")
+            self._spawn(f"kubelet-{n.name}", kn.kubelet_argv(int(holder["pid"])), f"kubelet-{n.name}",
+                        cgroup=n.cgroup)
+        self.log(f"containerd and kubelet on {len(nodes)} nodes in {time.monotonic() - t:.1f}s")
+
+    def _create_nodes(self, objs: list[dict]) -> None:
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+        api = self.api_client()
+        try:
+            core = client.CoreV1Api(api)
+            for obj in objs:
+                try:
+                    core.create_node(obj)
+                except ApiException as exc:
+                    if exc.status != 409:
+                        raise LabError(f"creating Node {obj['metadata']['name']}: {exc.reason}: {exc.body}") from None
         finally:
             api.close()
 
@@ -508,6 +585,9 @@ class Lab:
                     if d.startswith(f"{self.name}-node-"):
                         proxies.clear_bpf(NodeSpec(d, 0, "", "", "", "", os.path.join(bpffs, d), ""))
             removed = self.topology.destroy()
+            # The kubelets' cgroup v1 trees (lab/kubelet.py), under the same path.
+            removed += kubelet.remove_v1_cgroups("/" + os.path.relpath(self.topology.cgroup_dir,
+                                                                       self.topology.cgroup_root))
             self._claim_path().unlink(missing_ok=True)
         stop_processes({p: None for p in marked_pids(str(self.workdir))}, grace=2.0)
         shutil.rmtree(self.workdir / "nodes", ignore_errors=True)
@@ -550,7 +630,8 @@ class Lab:
                 api_nodes = {}
         healthy = bool(st) and (st or {}).get("state") != "down" and bool(cp and cp["up"])
         for n in self.node_specs:
-            agent = self._read_pid(f"agent-{n.name}")
+            daemons = {r.removesuffix(f"-{n.name}"): self._read_pid(r) for r in self._node_roles(n)}
+            agent = all(daemons.values())
             proxy = self._read_pid(f"proxy-{n.name}")
             obj = api_nodes.get(n.name)
             ready = None
@@ -561,8 +642,10 @@ class Lab:
                 "internal_ip": n.ip, "addresses": {"InternalIP": n.ip, "pod_gateway": n.gateway},
                 "pod_cidr": n.pod_cidr, "zone": n.zone, "cgroup": n.cgroup, "pin_dir": n.pin_dir,
                 "pod_veth_glob": "kxp*", "ready": ready,
-                "agent": {"pid": agent["pid"] if agent else None, "running": bool(agent),
-                          "log": str(self.workdir / "logs" / f"agent-{n.name}.log")},
+                "runtime": "kubelet" if self.kubelet else "agent",
+                "daemons": {d: {"pid": info["pid"] if info else None, "running": bool(info),
+                                "log": str(self.workdir / "logs" / f"{d}-{n.name}.log")}
+                            for d, info in daemons.items()},
                 "proxy": {"mode": (st or {}).get("proxy"), "pid": proxy["pid"] if proxy else None,
                           "running": bool(proxy), "log": proxy["log"] if proxy else None},
             }
@@ -633,3 +716,13 @@ class Lab:
             with open(os.path.join(cg, "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
         os.execvpe(full[0], full, self.exec_env())
+
+
+def _entered(pid: int, exe: str) -> bool:
+    """Has *pid* exec'd *exe* (after ``ip netns exec`` and ``unshare``), in a mount
+    namespace of its own?"""
+    try:
+        return os.readlink(f"/proc/{pid}/exe") == exe and \
+            os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+    except OSError:
+        return False

@@ -128,18 +128,20 @@ def default_bin_dir() -> Path:
     return Path(out.strip().splitlines()[-1])
 
 
-def ensure_binaries(*, timeout: Optional[float] = None,
+def ensure_binaries(*, timeout: Optional[float] = None, node: bool = False,
                     log: Optional[Callable[[str], None]] = None) -> Path:
-    """Run ``lab/k8s/build.sh`` and return the bin dir. A no-op when the cache is
-    warm; a cold build takes about 11 minutes on 2 cores. Build output goes to
-    stderr. On *timeout* the whole build (its process group) is killed."""
-    env = os.environ.get("KXLB_K8S_BIN_DIR")
+    """Run ``lab/k8s/build.sh`` (``--node``: the real-kubelet nodes' set) and return the
+    bin dir. A no-op when the cache is warm; a cold build of the control plane takes
+    about 11 minutes on 2 cores. Build output goes to stderr. On *timeout* the whole
+    build (its process group) is killed. ``$KXLB_K8S_BIN_DIR`` (``$KXLB_NODE_BIN_DIR``)
+    overrides it."""
+    env = os.environ.get("KXLB_NODE_BIN_DIR" if node else "KXLB_K8S_BIN_DIR")
     if env:
         return Path(env)
+    argv = ["bash", str(BUILD_SH)] + (["--node"] if node else [])
     if log:
-        log(f"running {BUILD_SH}")
-    p = subprocess.Popen(["bash", str(BUILD_SH)], stdout=subprocess.PIPE, text=True,
-                         start_new_session=True)
+        log(f"running {' '.join(argv[1:])}")
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -590,6 +592,11 @@ class ControlPlane:
         self._ip("addr", "add", f"{self.advertise_address}/32", "dev", name)
         self._ip("link", "set", name, "up")
 
+    def add_local_address(self, address: str) -> None:
+        """One more local address on the control plane's interface: what the API server
+        dials to reach a kubelet (``lab/relay.py`` listens there). Idempotent."""
+        self._ip("addr", "replace", f"{address}/32", "dev", self.iface)
+
     def _iface_down(self) -> None:
         # Only a workdir with a state file can have made the interface (the state is
         # written before it): a down() on some other, empty workdir must not remove
@@ -629,6 +636,9 @@ class ControlPlane:
                 f"--tls-cert-file={d / 'apiserver.crt'}", f"--tls-private-key-file={d / 'apiserver.key'}",
                 f"--kubelet-client-certificate={d / 'apiserver-kubelet-client.crt'}",
                 f"--kubelet-client-key={d / 'apiserver-kubelet-client.key'}",
+                # As kubeadm sets it: dial a kubelet at its InternalIP, never by its
+                # host name (the lab's node names resolve nowhere).
+                "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname",
                 "--authorization-mode=Node,RBAC",
                 "--enable-admission-plugins=NodeRestriction",
                 "--allow-privileged=true",

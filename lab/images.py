@@ -187,3 +187,88 @@ def pause_image(out_dir: Path, ref: str = PAUSE_IMAGE) -> tuple[Path, str]:
     layer = layer_tar([Entry("/pause", source=binary, mode=0o755)])
     layout = out_dir / "pause"
     return layout, write_layout(layout, ref, [layer], ImageConfig(entrypoint=("/pause",), env=(), user="65535:65535"))
+
+
+# ---- agnhost --------------------------------------------------------------------------------
+# The e2e framework's agnhost (test/utils/image/manifest.go, v1.37.1; the binary's own
+# test/images/agnhost/VERSION).
+AGNHOST_IMAGE = "registry.k8s.io/e2e-test-images/agnhost:2.66.1"
+BUSYBOX = Path("/bin/busybox")   # Debian's busybox-static
+CURL = Path("/usr/bin/curl")
+
+
+def shared_libraries(binary: Path) -> list[Path]:
+    """What the dynamic loader maps for *binary* (``ldd``), the loader included, as the
+    paths it opens them by."""
+    r = subprocess.run(["ldd", str(binary)], capture_output=True, text=True)
+    if r.returncode:
+        raise ImageError(f"ldd {binary}: {(r.stderr or r.stdout).strip()}")
+    out = []
+    for line in r.stdout.splitlines():
+        parts = line.split()
+        if "=>" in parts:
+            path = parts[parts.index("=>") + 1]
+        elif parts and parts[0].startswith("/"):
+            path = parts[0]
+        else:
+            continue  # linux-vdso: the kernel's
+        if not path.startswith("/"):
+            raise ImageError(f"ldd {binary}: a library is not found: {line.strip()}")
+        out.append(Path(path))
+    return out
+
+
+def userland_entries(busybox: Path = BUSYBOX, extra: Iterable[Path] = (CURL,)) -> list[Entry]:
+    """A small Debian userland: busybox-static with a link per applet (sh, nc, nslookup,
+    wget, cat, ...), *extra* binaries with their libraries at the paths the loader opens,
+    and the /etc files a name lookup reads."""
+    if not os.access(busybox, os.X_OK):
+        raise ImageError(f"{busybox} is missing (Debian package busybox-static)")
+    applets = subprocess.run([str(busybox), "--list-full"], capture_output=True, text=True, check=True).stdout.split()
+    entries = [Entry("/bin/busybox", source=busybox, mode=0o755)]
+    files = {"/bin/busybox"}
+    for binary in extra:
+        if not os.access(binary, os.X_OK):
+            raise ImageError(f"{binary} is missing")
+        for p in [binary, *shared_libraries(binary)]:
+            if str(p) not in files:
+                entries.append(Entry(str(p), source=p.resolve(), mode=0o755))
+                files.add(str(p))
+    for applet in applets:
+        path = "/" + applet
+        if path not in files:
+            entries.append(Entry(path, link="/bin/busybox"))
+            files.add(path)
+    entries += [
+        Entry("/etc/passwd", data=b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"),
+        Entry("/etc/group", data=b"root:x:0:\nnogroup:x:65534:\n"),
+        Entry("/etc/nsswitch.conf", data=b"hosts: files dns\n"),
+        Entry("/tmp", directory=True, mode=0o1777),
+        Entry("/root", directory=True, mode=0o700),
+    ]
+    return entries
+
+
+def agnhost_image(out_dir: Path, agnhost: Path, ref: str = AGNHOST_IMAGE) -> tuple[Path, str]:
+    """The e2e tests' image: /agnhost (ENTRYPOINT, CMD pause, as upstream's Dockerfile)
+    on the userland of ``userland_entries``, in two layers. Returns (layout, digest)."""
+    base = layer_tar(userland_entries())
+    top = layer_tar([Entry("/agnhost", source=agnhost, mode=0o755)])
+    layout = out_dir / "agnhost"
+    return layout, write_layout(layout, ref, [base, top], ImageConfig(entrypoint=("/agnhost",), cmd=("pause",)))
+
+
+def write_archive(layout: Path, dest: Path) -> Path:
+    """An OCI archive (the layout directory as a tar), what ``ctr images import`` reads."""
+    tmp = dest.with_suffix(".tmp")
+    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+        for p in sorted(layout.rglob("*")):
+            info = tar.gettarinfo(str(p), arcname=str(p.relative_to(layout)))
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            if p.is_file():
+                with open(p, "rb") as f:
+                    tar.addfile(info, f)
+            else:
+                tar.addfile(info)
+    os.replace(tmp, dest)
+    return dest

@@ -1,6 +1,6 @@
 """`kxlb lab`: the Kubernetes lab from the command line.
 
-    kxlb lab up [--nodes N] [--proxy kxlb|kube-proxy|none] [--no-build] [--timeout S]
+    kxlb lab up [--nodes N] [--proxy kxlb|kube-proxy|none] [--kubelet] [--no-build] [--timeout S]
     kxlb lab status [--json]
     kxlb lab exec node/NAME|client|fabric|NAMESPACE/POD -- CMD...
     kxlb lab kubectl ARGS...
@@ -46,7 +46,7 @@ def _summary(lab: Lab) -> str:
 
 def cmd_up(a) -> None:
     kw = {k: v for k, v in (("nodes", a.nodes), ("proxy", a.proxy), ("name", a.name),
-                            ("port_offset", a.port_offset)) if v is not None}
+                            ("port_offset", a.port_offset), ("kubelet", a.kubelet)) if v is not None}
     lab = _lab(a, **kw)
     lab.up(build=not a.no_build, timeout=a.timeout)
     print(_summary(lab))
@@ -142,6 +142,10 @@ def register(sub) -> None:
     c.add_argument("--proxy", choices=PROXIES,
                    help="service proxy on every node (default: the running lab's, else kxlb; kxlb falls back "
                         "to none when `kxlb controller` is missing)")
+    c.add_argument("--kubelet", action=argparse.BooleanOptionalAction, default=None,
+                   help="real nodes: containerd, runc and a kubelet per node (built from Go modules like the "
+                        "control plane); --no-kubelet: the pod agent (fast, no images). Default: the running "
+                        "lab's, else --no-kubelet")
     c.add_argument("--no-build", action="store_true", help="do not run lab/k8s/build.sh")
     c.add_argument("--timeout", type=float, default=180, help="seconds to wait for readiness (default %(default)s)")
     c.add_argument("--name", help=argparse.SUPPRESS)          # a second lab beside the first (tests)

@@ -42,7 +42,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kxlb.loader.netns import netns
+from kxlb.loader.netns import netns, netns_path
 
 FABRIC_CIDR = "10.250.0.0/24"
 CLUSTER_CIDR = "10.244.0.0/16"
@@ -72,9 +72,38 @@ def run(*args: str, check: bool = True, input: str | None = None) -> subprocess.
 
 
 def ip_batch(ns: str | None, commands: list[str]) -> None:
-    """Several `ip` commands in one process (``ip -n NS -batch -``)."""
-    argv = ["ip"] + (["-n", ns] if ns else []) + ["-batch", "-"]
+    """Several `ip` commands in one process (``ip -n NS -batch -``). *ns* is a name as
+    `ip netns` knows it, a path to a namespace file (what a CNI runtime passes), or
+    None for the caller's own namespace."""
+    if ns and "/" in ns:
+        argv = ["nsenter", f"--net={ns}", "ip", "-batch", "-"]
+    else:
+        argv = ["ip"] + (["-n", ns] if ns else []) + ["-batch", "-"]
     run(*argv, input="\n".join(commands) + "\n")
+
+
+def wire_pod(node: NodeSpec, node_ns: str | None, pod_ns: str, veth: str, ip: str,
+             ip6: str | None = None, ifname: str = "eth0") -> None:
+    """The routed veth of one pod: *veth* in the node's namespace (the pods' gateway
+    address on it, a host route to the pod), *ifname* in *pod_ns* (the pod's address,
+    the default route via the gateway). The one layout of both pod runtimes: the pod
+    agent and the CNI plugin (``lab/cni.py``). *node_ns* None: the caller's namespace."""
+    sysctl(pod_ns, IPV6 if ip6 else NO_IPV6)
+    ip_batch(node_ns, [
+        f"link add {veth} type veth peer name {ifname} netns {netns_path(pod_ns)}",
+        f"addr add {node.gateway}/32 dev {veth}",
+        f"link set {veth} up",
+        f"route replace {ip}/32 dev {veth}",
+    ] + ([f"addr add {node.gateway6}/128 dev {veth} nodad", f"route replace {ip6}/128 dev {veth}"]
+         if ip6 else []))
+    ip_batch(pod_ns, [
+        "link set lo up",
+        f"addr add {ip}/32 dev {ifname}",
+        f"link set {ifname} up",
+        f"route add {node.gateway} dev {ifname} scope link",
+        f"route add default via {node.gateway} dev {ifname}",
+    ] + ([f"addr add {ip6}/128 dev {ifname} nodad", f"route add {node.gateway6} dev {ifname}",
+          f"route add default via {node.gateway6} dev {ifname}"] if ip6 else []))
 
 
 def netns_list() -> list[str]:
@@ -318,22 +347,7 @@ class Topology:
         self.del_pod(node, uid)
         run("ip", "netns", "add", ns)
         try:
-            sysctl(ns, IPV6 if ip6 else NO_IPV6)
-            ip_batch(node.netns, [
-                f"link add {veth} type veth peer name eth0 netns {ns}",
-                f"addr add {node.gateway}/32 dev {veth}",
-                f"link set {veth} up",
-                f"route replace {ip}/32 dev {veth}",
-            ] + ([f"addr add {node.gateway6}/128 dev {veth} nodad", f"route replace {ip6}/128 dev {veth}"]
-                 if ip6 else []))
-            ip_batch(ns, [
-                "link set lo up",
-                f"addr add {ip}/32 dev eth0",
-                "link set eth0 up",
-                f"route add {node.gateway} dev eth0 scope link",
-                f"route add default via {node.gateway} dev eth0",
-            ] + ([f"addr add {ip6}/128 dev eth0 nodad", f"route add {node.gateway6} dev eth0",
-                  f"route add default via {node.gateway6} dev eth0"] if ip6 else []))
+            wire_pod(node, node.netns, ns, veth, ip, ip6)
         except BaseException:
             self.del_pod(node, uid)
             raise

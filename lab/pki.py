@@ -185,3 +185,12 @@ def save(ck: CertKey, directory: Path, stem: str) -> tuple[Path, Path]:
     write_public(crt, ck.cert_pem)
     write_private(key, ck.key_pem)
     return crt, key
+
+
+def load(directory: Path, stem: str) -> CertKey:
+    """The certificate and key ``save`` wrote (``<stem>.crt``, ``<stem>.key``)."""
+    cert = x509.load_pem_x509_certificate((Path(directory) / f"{stem}.crt").read_bytes())
+    key = serialization.load_pem_private_key((Path(directory) / f"{stem}.key").read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{directory}/{stem}.key is not an EC key")
+    return CertKey(cert, key)

@@ -47,7 +47,6 @@ import logging
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -55,9 +54,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from kxlb.loader.netns import netns
-
 from .procs import proc_stat
+from .relay import Endpoint, TcpRelay
 from .nodes import NodeSpec, Topology
 
 log = logging.getLogger("kxlab.agent")
@@ -118,56 +116,6 @@ def workload_ports(pod: dict) -> list[tuple[str, int]]:
             if (kind, port) not in out:
                 out.append((kind, port))
     return out
-
-
-# ------------------------------------------------------------------------------ API relay
-class ApiRelay:
-    """127.0.0.1:PORT inside a node's namespace -> 127.0.0.1:PORT of this process."""
-
-    def __init__(self, ns: str, port: int, target: tuple[str, int]):
-        with netns(ns):
-            self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", port))
-        self.sock.listen(256)
-        self.target = target
-        threading.Thread(target=self._accept, daemon=True, name="relay").start()
-
-    def _accept(self) -> None:
-        while True:
-            conn, _ = self.sock.accept()
-            try:
-                up = socket.create_connection(self.target, timeout=5)
-                up.settimeout(None)
-            except OSError:
-                conn.close()
-                continue
-            state = {"open": 2}
-            lock = threading.Lock()
-            for a, b in ((conn, up), (up, conn)):
-                threading.Thread(target=self._pump, args=(a, b, conn, up, state, lock), daemon=True).start()
-
-    @staticmethod
-    def _pump(src, dst, c1, c2, state, lock) -> None:
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                dst.sendall(data)
-            dst.shutdown(socket.SHUT_WR)
-        except OSError:
-            for s in (c1, c2):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-        with lock:
-            state["open"] -= 1
-            last = state["open"] == 0
-        if last:
-            c1.close()
-            c2.close()
 
 
 # ------------------------------------------------------------------------------ IPAM
@@ -691,7 +639,7 @@ class Agent:
         t = self.cfg["topology"]
         log.info("pod agent for %s (%s, podCIDR %s) starting", self.node.name, self.node.ip, self.node.pod_cidr)
         api_port = int(self.cfg["api_port"])
-        self.relay = ApiRelay(self.node.netns, api_port, ("127.0.0.1", api_port))
+        self.relay = TcpRelay(Endpoint(self.node.netns, "127.0.0.1", api_port), Endpoint(None, "127.0.0.1", api_port))
         deadline = time.monotonic() + 120
         while True:
             try:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build the Kubernetes control-plane binaries the lab needs, from Go modules.
+# Build the Kubernetes binaries the lab needs, from Go modules.
 #
+# Control plane (default target):
 #   kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl
 #       from k8s.io/kubernetes (module in this directory: go.mod pins one
 #       release and replaces every staging module by its published k8s.io/*
@@ -8,16 +9,24 @@
 #   etcd
 #       from go.etcd.io/etcd/server/v3 (separate module in ./etcd, so its
 #       dependency graph does not fight with Kubernetes')
+# Real-kubelet nodes (--node):
+#   kubelet agnhost
+#       from the same k8s.io/kubernetes module (agnhost is the e2e tests' image
+#       binary, test/images/agnhost)
+#   containerd containerd-shim-runc-v2 ctr
+#       from github.com/containerd/containerd/v2 (module in ./containerd)
 #
 # The binaries go to a cache OUTSIDE the checkout, keyed by the versions:
 #   ${KXLB_CACHE:-/var/cache/kxlb}/k8s/<k8s-version>-<etcd-version>/bin/
+#   ${KXLB_CACHE:-/var/cache/kxlb}/node/<k8s-version>-<containerd-version>/bin/
 # A run whose binaries all exist does nothing (warm run: well under a second).
 # The last line on stdout is always the bin dir; everything else goes to stderr.
 #
-# Usage: lab/k8s/build.sh [--force] [--print-bin-dir] [--versions]
+# Usage: lab/k8s/build.sh [--node] [--force] [--print-bin-dir] [--versions]
+#   --node           the node set instead of the control plane
 #   --force          rebuild even if the binaries exist
 #   --print-bin-dir  print the bin dir and exit (no build, no go needed)
-#   --versions       print K8S_VERSION=... ETCD_VERSION=... and exit
+#   --versions       print K8S_VERSION=... ETCD_VERSION=... CONTAINERD_VERSION=... and exit
 # Environment:
 #   KXLB_CACHE       cache root (default /var/cache/kxlb)
 #   KXLB_GO          go command (default: go)
@@ -30,6 +39,8 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl)
 ETCD_BINS=(etcd)
+NODE_K8S_BINS=(kubelet agnhost)
+CONTAINERD_BINS=(containerd containerd-shim-runc-v2 ctr)
 
 # Versions come from the go.mod files: they are the single source of truth.
 modver() { # modver <go.mod> <module path>
@@ -40,37 +51,54 @@ modver() { # modver <go.mod> <module path>
 }
 K8S_VERSION="$(modver "$HERE/go.mod" k8s.io/kubernetes)"
 ETCD_VERSION="$(modver "$HERE/etcd/go.mod" go.etcd.io/etcd/server/v3)"
-if [[ -z "$K8S_VERSION" || -z "$ETCD_VERSION" ]]; then
-    echo "build.sh: cannot read versions from $HERE/go.mod / $HERE/etcd/go.mod" >&2
+CONTAINERD_VERSION="$(modver "$HERE/containerd/go.mod" github.com/containerd/containerd/v2)"
+if [[ -z "$K8S_VERSION" || -z "$ETCD_VERSION" || -z "$CONTAINERD_VERSION" ]]; then
+    echo "build.sh: cannot read versions from the go.mod files in $HERE" >&2
     exit 1
 fi
 
 CACHE_ROOT="${KXLB_CACHE:-/var/cache/kxlb}"
-KEY="${K8S_VERSION}-${ETCD_VERSION}"
-OUT="$CACHE_ROOT/k8s/$KEY"
-BIN_DIR="$OUT/bin"
 
 force=0
+target=control
+actions=()
 for a in "$@"; do
     case "$a" in
         --force) force=1 ;;
-        --print-bin-dir) echo "$BIN_DIR"; exit 0 ;;
-        --versions) echo "K8S_VERSION=$K8S_VERSION"; echo "ETCD_VERSION=$ETCD_VERSION"; exit 0 ;;
-        -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --node) target=node ;;
+        --print-bin-dir|--versions) actions+=("$a") ;;
+        -h|--help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "build.sh: unknown argument: $a" >&2; exit 2 ;;
+    esac
+done
+if [[ $target == node ]]; then
+    KEY="${K8S_VERSION}-${CONTAINERD_VERSION}"
+    OUT="$CACHE_ROOT/node/$KEY"
+    BINS=("${NODE_K8S_BINS[@]}" "${CONTAINERD_BINS[@]}")
+else
+    KEY="${K8S_VERSION}-${ETCD_VERSION}"
+    OUT="$CACHE_ROOT/k8s/$KEY"
+    BINS=("${K8S_BINS[@]}" "${ETCD_BINS[@]}")
+fi
+BIN_DIR="$OUT/bin"
+for a in "${actions[@]}"; do
+    case "$a" in
+        --print-bin-dir) echo "$BIN_DIR"; exit 0 ;;
+        --versions) echo "K8S_VERSION=$K8S_VERSION"; echo "ETCD_VERSION=$ETCD_VERSION"
+                    echo "CONTAINERD_VERSION=$CONTAINERD_VERSION"; exit 0 ;;
     esac
 done
 
 all_present() {
     local b
-    for b in "${K8S_BINS[@]}" "${ETCD_BINS[@]}"; do
+    for b in "${BINS[@]}"; do
         [[ -x "$BIN_DIR/$b" ]] || return 1
     done
     [[ -f "$OUT/BUILD-OK" ]]
 }
 
 if [[ $force == 0 ]] && all_present; then
-    echo "build.sh: k8s $K8S_VERSION / etcd $ETCD_VERSION already built" >&2
+    echo "build.sh: the $target set ($KEY) is already built" >&2
     echo "$BIN_DIR"
     exit 0
 fi
@@ -105,7 +133,7 @@ STAGE="$(mktemp -d "$OUT/.stage.XXXXXX")"
 trap 'rm -rf "$STAGE"' EXIT
 
 start=$(date +%s)
-echo "build.sh: building k8s $K8S_VERSION + etcd $ETCD_VERSION into $BIN_DIR ($("$GO" version), -p $P)" >&2
+echo "build.sh: building the $target set ($KEY) into $BIN_DIR ($("$GO" version), -p $P)" >&2
 
 # --- Kubernetes -------------------------------------------------------------
 # Same version stamping as hack/lib/version.sh (kube::version::ldflags).
@@ -120,39 +148,66 @@ for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
          -X "'$pkg.buildDate=$build_date'")
 done
 pkgs=()
-for b in "${K8S_BINS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
+if [[ $target == node ]]; then
+    pkgs=(k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/test/images/agnhost)
+else
+    for b in "${K8S_BINS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
+fi
 (
     cd "$HERE"
-    # Tags as upstream's non-debug build (hack/lib/golang.sh).
+    # Tags as upstream's non-debug build (hack/lib/golang.sh). The kubelet is
+    # static too: nothing it links needs cgo on Linux without the dockershim.
     "$GO" build -p "$P" -trimpath -tags selinux,notest,grpcnotrace \
         -ldflags "${ld[*]}" -o "$STAGE/" "${pkgs[@]}"
 )
 echo "build.sh: kubernetes done after $(( $(date +%s) - start ))s" >&2
 
-# --- etcd -------------------------------------------------------------------
-(
-    cd "$HERE/etcd"
-    "$GO" build -p "$P" -trimpath \
-        -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" \
-        -o "$STAGE/etcd" go.etcd.io/etcd/server/v3
-)
-echo "build.sh: etcd done after $(( $(date +%s) - start ))s" >&2
-
-# Sanity: the apiserver must report the pinned version.
-got="$("$STAGE/kube-apiserver" --version 2>&1 || true)"
-if [[ "$got" != "Kubernetes $K8S_VERSION" ]]; then
-    echo "build.sh: kube-apiserver --version says '$got', want 'Kubernetes $K8S_VERSION'" >&2
-    exit 1
+if [[ $target == node ]]; then
+    # --- containerd -----------------------------------------------------------
+    # Static, as upstream's release builds of the shim: the snapshotters that need
+    # cgo or host libraries (btrfs, devmapper, zfs) are left out; the lab uses overlayfs.
+    cpkg=github.com/containerd/containerd/v2
+    (
+        cd "$HERE/containerd"
+        "$GO" build -p "$P" -trimpath -tags "no_btrfs no_devmapper no_zfs urfave_cli_no_docs" \
+            -ldflags "-s -w -X $cpkg/version.Version=$CONTAINERD_VERSION -X $cpkg/version.Package=$cpkg" \
+            -o "$STAGE/" "$cpkg/cmd/containerd" "$cpkg/cmd/containerd-shim-runc-v2" "$cpkg/cmd/ctr"
+    )
+    echo "build.sh: containerd done after $(( $(date +%s) - start ))s" >&2
+    # Sanity: the kubelet must report the pinned version (the API server's version
+    # skew checks and the e2e framework read it).
+    got="$("$STAGE/kubelet" --version 2>&1 || true)"
+    if [[ "$got" != "Kubernetes $K8S_VERSION" ]]; then
+        echo "build.sh: kubelet --version says '$got', want 'Kubernetes $K8S_VERSION'" >&2
+        exit 1
+    fi
+else
+    # --- etcd -----------------------------------------------------------------
+    (
+        cd "$HERE/etcd"
+        "$GO" build -p "$P" -trimpath \
+            -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" \
+            -o "$STAGE/etcd" go.etcd.io/etcd/server/v3
+    )
+    echo "build.sh: etcd done after $(( $(date +%s) - start ))s" >&2
+    # Sanity: the apiserver must report the pinned version.
+    got="$("$STAGE/kube-apiserver" --version 2>&1 || true)"
+    if [[ "$got" != "Kubernetes $K8S_VERSION" ]]; then
+        echo "build.sh: kube-apiserver --version says '$got', want 'Kubernetes $K8S_VERSION'" >&2
+        exit 1
+    fi
 fi
 
 mkdir -p "$BIN_DIR"
 rm -f "$OUT/BUILD-OK"
-for b in "${K8S_BINS[@]}" "${ETCD_BINS[@]}"; do
+for b in "${BINS[@]}"; do
     mv -f "$STAGE/$b" "$BIN_DIR/$b"
 done
 {
+    echo "TARGET=$target"
     echo "K8S_VERSION=$K8S_VERSION"
     echo "ETCD_VERSION=$ETCD_VERSION"
+    echo "CONTAINERD_VERSION=$CONTAINERD_VERSION"
     echo "BUILT=$build_date"
     echo "GO=$("$GO" env GOVERSION)"
     echo "SECONDS=$(( $(date +%s) - start ))"
