@@ -38,6 +38,7 @@ from typing import Callable, Optional
 
 from . import controlplane as cpmod
 from . import images, kubelet, pki, procs, proxies
+from . import nodes as nodes_mod
 from .controlplane import ControlPlane, ControlPlaneError, Ports
 from .errors import LabError
 from .nodes import LB_POOL, SERVICE_CIDR, SERVICE_CIDR6, NodeSpec, Topology, netns_exists
@@ -428,7 +429,8 @@ class Lab:
     # ---- real-kubelet nodes ----------------------------------------------------------------------
     def kubelet_node(self, n: NodeSpec) -> kubelet.KubeletNode:
         return kubelet.KubeletNode(self.workdir, n, node_bin=self.node_bin_dir,
-                                   cgroup2_root=self.topology.cgroup_root, api_port=self.api_port)
+                                   cgroup2_root=self.topology.cgroup_root, api_port=self.api_port,
+                                   port_offset=self.port_offset)
 
     @property
     def node_bin_dir(self) -> Path:
@@ -448,10 +450,17 @@ class Lab:
         ca = pki.load(self.controlplane.pki_dir, "ca")
         cp = self.controlplane
         maps = []
+        api = f"-/127.0.0.1:{self.api_port}"
         for n in self.node_specs:
+            kn = self.kubelet_node(n)
             cp.add_local_address(n.ip)
-            maps += [f"{n.netns}/127.0.0.1:{self.api_port}=-/127.0.0.1:{self.api_port}",
-                     f"-/{n.ip}:{kubelet.KUBELET_PORT}={n.netns}/{n.ip}:{kubelet.KUBELET_PORT}"]
+            # The API server's advertise address (the `kubernetes` Service's endpoint) is a
+            # local address of every node too, relayed like 127.0.0.1: pods reach the API
+            # server through the Service, as on a cluster whose nodes route to it.
+            nodes_mod.ip_batch(n.netns, [f"addr add {self.advertise_address}/32 dev lo"])
+            maps += [f"{n.netns}/127.0.0.1:{self.api_port}={api}",
+                     f"{n.netns}/{self.advertise_address}:{self.api_port}={api}",
+                     f"-/{n.ip}:{kn.kubelet_port}={n.netns}/{n.ip}:{kn.kubelet_port}"]
         self._spawn("relay", [sys.executable, "-m", "kxlb.lab.relay", *(f"--map={m}" for m in maps)], "relay")
         self._create_nodes([self.kubelet_node(n).node_object() for n in self.node_specs])
         nodes = [(n, self.kubelet_node(n)) for n in self.node_specs]

@@ -117,8 +117,11 @@ class KubeletNode:
     """One real-kubelet node: its files, its daemons' command lines, their health."""
 
     def __init__(self, workdir: Path, node: NodeSpec, *, node_bin: Path, cgroup2_root: str,
-                 api_port: int, log: Optional[Callable[[str], None]] = None):
+                 api_port: int, port_offset: int = 0, log: Optional[Callable[[str], None]] = None):
         self.node, self.node_bin, self.api_port = node, node_bin, api_port
+        # Shifted like the control plane's ports: the relay of a second lab listens on
+        # the same node addresses in the host.
+        self.kubelet_port = KUBELET_PORT + port_offset
         self.dir = Path(workdir) / "nodes" / node.name
         self.cgroup_parent = "/" + os.path.relpath(node.cgroup, cgroup2_root)
         self.log = log or (lambda m: None)
@@ -246,7 +249,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bl
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
             "failCgroupV1": False, "cgroupDriver": "cgroupfs", "cgroupRoot": self.cgroup_parent,
             "failSwapOn": False,
-            "address": self.node.ip, "port": KUBELET_PORT, "readOnlyPort": 0,
+            "address": self.node.ip, "port": self.kubelet_port, "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1", "healthzPort": KUBELET_HEALTHZ_PORT,
             "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
                                "x509": {"clientCAFile": str(k / "pki" / "ca.crt")}},

@@ -60,9 +60,9 @@ def test_lab_up_and_down_twice_leaves_nothing(lab):
     st = json.loads(_kxlb("lab", "status", "--json", *wd).stdout)
     assert st["up"] and st["proxy"] == "none" and len(st["nodes"]) == 2
     # Idempotent: up again changes nothing.
-    pids = [n["agent"]["pid"] for n in st["nodes"]]
+    pids = [n["daemons"]["agent"]["pid"] for n in st["nodes"]]
     _kxlb(*up)
-    assert [n["agent"]["pid"] for n in json.loads(_kxlb("lab", "status", "--json", *wd).stdout)["nodes"]] == pids
+    assert [n["daemons"]["agent"]["pid"] for n in json.loads(_kxlb("lab", "status", "--json", *wd).stdout)["nodes"]] == pids
 
     n1 = lab.node(1)
     _kxlb("--pin-dir", n1.pin_dir, "load", "--netns", n1.netns, "--iface", "eth0")

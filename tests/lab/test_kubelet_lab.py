@@ -1,0 +1,137 @@
+"""The lab with real nodes (``kxlb lab up --kubelet``): a kubelet, containerd and runc
+per node, pods from the e2e framework's agnhost image, kxlb as the service proxy.
+
+A lab of its own (name ``kxkt``, ports shifted by 3300), beside the session lab of the
+other lab tests; it is torn down at the end of the module, and the test of that checks
+that nothing of it is left: processes, namespaces, cgroups (v1 and v2), the addresses
+it put on the control plane's interface.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from kxlb.lab import images, kubelet, procs
+from kxlb.lab.cluster import MARKER_ENV, Lab
+
+WORKDIR = Path(tempfile.gettempdir()) / "kxlb-test-kubelet-lab"
+NAME = "kxkt"
+
+
+@pytest.fixture(scope="module")
+def klab(lab_bin_dir):
+    lab = Lab(WORKDIR, name=NAME, nodes=2, proxy="kxlb", port_offset=3300, kubelet=True,
+              log=lambda m: print(f"kubelet lab: {m}", flush=True))
+    lab.up(build=False)
+    try:
+        lab.kubectl("create", "namespace", "kt")
+        yield lab
+    finally:
+        lab.down()
+
+
+def agnhost_pod(name: str, node: str, labels: dict | None = None) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "kt", "labels": labels or {}},
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "agnhost", "image": images.AGNHOST_IMAGE,
+                                     "args": ["netexec", "--http-port=8080", "--udp-port=8081"],
+                                     "ports": [{"containerPort": 8080}, {"containerPort": 8081, "protocol": "UDP"}],
+                                     "readinessProbe": {"httpGet": {"path": "/healthz", "port": 8080},
+                                                        "periodSeconds": 1}}]}}
+
+
+def apply(lab: Lab, *objs: dict) -> None:
+    subprocess.run([str(lab.bin_dir / "kubectl"), f"--kubeconfig={lab.kubeconfig}", "apply", "-f", "-"],
+                   input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objs)}),
+                   check=True, capture_output=True, text=True)
+
+
+def wait_ready(lab: Lab, *pods: str) -> dict:
+    lab.kubectl("-n", "kt", "wait", "--for=condition=Ready", "--timeout=90s", *(f"pod/{p}" for p in pods),
+                timeout=120)
+    return {p: json.loads(lab.kubectl("-n", "kt", "get", "pod", p, "-o", "json").stdout) for p in pods}
+
+
+def kexec(lab: Lab, pod: str, script: str) -> str:
+    return lab.kubectl("-n", "kt", "exec", pod, "--", "sh", "-c", script, timeout=60).stdout
+
+
+def test_nodes_run_a_real_kubelet_and_containerd(klab):
+    for n in klab.node_specs:
+        node = json.loads(klab.kubectl("get", "node", n.name, "-o", "json").stdout)
+        info = node["status"]["nodeInfo"]
+        assert info["kubeletVersion"] == "v1.37.1"
+        assert info["containerRuntimeVersion"] == "containerd://2.4.2"
+        assert node["spec"]["podCIDRs"] == [n.pod_cidr, n.pod_cidr6]
+        assert [a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP"] == [n.ip, n.ip6]
+        assert node["metadata"]["labels"]["topology.kubernetes.io/zone"] == n.zone
+        # The images were imported, not pulled: both under the e2e framework's names.
+        out = klab.kubelet_node(n).ctr("images", "list", "--quiet").stdout.split()
+        assert images.PAUSE_IMAGE in out and images.AGNHOST_IMAGE in out
+
+
+def test_pod_gets_the_lab_network_and_exec_and_logs_work(klab):
+    n1 = klab.node(1)
+    apply(klab, agnhost_pod("solo", n1.name))
+    pod = wait_ready(klab, "solo")["solo"]
+    ips = [x["ip"] for x in pod["status"]["podIPs"]]
+    assert len(ips) == 2 and ips[1] == n1.pod_ip6(ips[0])
+    # The routed veth of the lab's layout: the node reaches the pod through a kxp* link.
+    route = subprocess.run(["ip", "-n", n1.netns, "route", "get", ips[0]], capture_output=True, text=True).stdout
+    assert " dev kxp" in route, route
+    # exec and logs go API server -> relay -> kubelet (TLS, webhook authn/authz).
+    assert kexec(klab, "solo", "hostname").strip() == "solo"
+    assert kexec(klab, "solo", "cat /etc/resolv.conf").splitlines()[1] == f"nameserver {kubelet.CLUSTER_DNS}"
+    assert "Started HTTP server on port 8080" in klab.kubectl("-n", "kt", "logs", "solo").stdout
+
+
+def test_services_through_kxlb_from_pods_nodes_and_outside(klab):
+    n1, n2 = klab.node(1), klab.node(2)
+    apply(klab, agnhost_pod("b1", n1.name, {"app": "b"}), agnhost_pod("b2", n2.name, {"app": "b"}),
+          agnhost_pod("client", n2.name),
+          {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "b", "namespace": "kt"},
+           "spec": {"selector": {"app": "b"}, "ports": [{"name": "http", "port": 80, "targetPort": 8080},
+                                                        {"name": "udp", "port": 81, "targetPort": 8081,
+                                                         "protocol": "UDP"}]}})
+    wait_ready(klab, "b1", "b2", "client")
+    vip = json.loads(klab.kubectl("-n", "kt", "get", "svc", "b", "-o", "json").stdout)["spec"]["clusterIP"]
+    deadline = time.monotonic() + 30
+    while True:  # until the EndpointSlice has both and kxlb programmed them
+        seen = set(kexec(klab, "client", f"for i in $(seq 12); do curl -s -m 2 http://{vip}/hostname; echo; done")
+                   .split())
+        if seen == {"b1", "b2"} or time.monotonic() > deadline:
+            break
+    assert seen == {"b1", "b2"}
+    udp = kexec(klab, "client", f"/agnhost connect --protocol udp --timeout 3s {vip}:81 && echo udp-ok")
+    assert "udp-ok" in udp
+    # From the outside client (via node 1) and from a node's own network namespace.
+    out = subprocess.run(["ip", "netns", "exec", klab.client_ns, "curl", "-s", "-m", "3", f"http://{vip}/hostname"],
+                         capture_output=True, text=True).stdout
+    assert out in ("b1", "b2")
+    out = klab.run_in(f"node/{n2.name}", ["curl", "-s", "-m", "3", f"http://{vip}/hostname"]).stdout
+    assert out in ("b1", "b2")
+    # The `kubernetes` Service from a pod: to the API server through the node's relay.
+    version = json.loads(kexec(klab, "client", "curl -sk -m 3 https://10.96.0.1/version"))
+    assert version["gitVersion"] == "v1.37.1"
+
+
+@pytest.mark.lab_lifecycle
+def test_down_leaves_nothing(klab):
+    iface = klab.api_iface
+    klab.down()
+    # Daemons, relay and containerd's shims (they inherit the marker); the containers
+    # went with the cgroups (a cgroup directory is only removed once it is empty).
+    assert procs.marked_pids(MARKER_ENV, str(WORKDIR)) == []
+    assert not [n for n in os.listdir("/var/run/netns") if n.startswith(f"{NAME}-")]
+    for mnt in kubelet.v1_hierarchies().values():
+        assert not (mnt / NAME).exists(), f"{mnt / NAME} is left"
+    assert not Path(klab.topology.cgroup_dir).exists()
+    assert not Path(f"/sys/class/net/{iface}").exists()
+    assert not (WORKDIR / "nodes").exists()
