@@ -477,7 +477,10 @@ class Lab:
             holder = self._read_pid(f"holder-{n.name}")
             self._spawn(f"kubelet-{n.name}", kn.kubelet_argv(int(holder["pid"])), f"kubelet-{n.name}",
                         cgroup=n.cgroup)
-        self.log(f"containerd and kubelet on {len(nodes)} nodes in {time.monotonic() - t:.1f}s")
+        # Cluster DNS, as kubeadm deploys it; it answers once a service proxy runs (its
+        # pods reach the API server through the `kubernetes` Service).
+        self.kubectl("apply", "-f", str(kubelet.ADDONS / "coredns.yaml"))
+        self.log(f"containerd and kubelet on {len(nodes)} nodes in {time.monotonic() - t:.1f}s; CoreDNS applied")
 
     def _create_nodes(self, objs: list[dict]) -> None:
         from kubernetes import client

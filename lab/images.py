@@ -258,6 +258,20 @@ def agnhost_image(out_dir: Path, agnhost: Path, ref: str = AGNHOST_IMAGE) -> tup
     return layout, write_layout(layout, ref, [base, top], ImageConfig(entrypoint=("/agnhost",), cmd=("pause",)))
 
 
+# ---- CoreDNS --------------------------------------------------------------------------------
+COREDNS_IMAGE = "registry.k8s.io/coredns/coredns:v1.15.0"   # lab/addons/coredns.yaml names it
+
+
+def coredns_image(out_dir: Path, coredns: Path, ref: str = COREDNS_IMAGE) -> tuple[Path, str]:
+    """The cluster DNS: /coredns alone (static), as upstream's distroless image, run as
+    nobody. Returns (layout, digest)."""
+    layer = layer_tar([Entry("/coredns", source=coredns, mode=0o755),
+                       Entry("/etc/passwd", data=b"nobody:x:65534:65534:nobody:/:/bin/false\n")])
+    layout = out_dir / "coredns"
+    return layout, write_layout(layout, ref, [layer], ImageConfig(entrypoint=("/coredns",), env=(),
+                                                                  user="65534:65534"))
+
+
 def write_archive(layout: Path, dest: Path) -> Path:
     """An OCI archive (the layout directory as a tar), what ``ctr images import`` reads."""
     tmp = dest.with_suffix(".tmp")

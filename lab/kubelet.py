@@ -51,7 +51,7 @@ CLUSTER_DOMAIN = "cluster.local"
 CLUSTER_DNS = "10.96.0.10"      # the kube-dns Service's clusterIP (a fixed address of the service CIDR)
 RUNC = "/usr/sbin/runc"         # Debian's runc (built with libseccomp)
 CNI_PLUGIN = "kxlb-cni"
-CGROUP_V1_ROOT = Path("/sys/fs/cgroup")
+ADDONS = Path(__file__).resolve().parent / "addons"
 
 
 def v1_hierarchies() -> dict[str, Path]:
@@ -104,7 +104,8 @@ class NodeImages:
         out_dir.mkdir(parents=True, exist_ok=True)
         archives = {}
         for ref, make in ((images.PAUSE_IMAGE, lambda: images.pause_image(out_dir)),
-                          (images.AGNHOST_IMAGE, lambda: images.agnhost_image(out_dir, node_bin / "agnhost"))):
+                          (images.AGNHOST_IMAGE, lambda: images.agnhost_image(out_dir, node_bin / "agnhost")),
+                          (images.COREDNS_IMAGE, lambda: images.coredns_image(out_dir, node_bin / "coredns"))):
             layout, digest = make()
             archive = out_dir / f"{digest.split(':', 1)[1][:16]}.tar"
             if not archive.exists():

@@ -15,10 +15,12 @@
 #       binary, test/images/agnhost)
 #   containerd containerd-shim-runc-v2 ctr
 #       from github.com/containerd/containerd/v2 (module in ./containerd)
+#   coredns
+#       from github.com/coredns/coredns (module in ./coredns): the cluster DNS
 #
 # The binaries go to a cache OUTSIDE the checkout, keyed by the versions:
 #   ${KXLB_CACHE:-/var/cache/kxlb}/k8s/<k8s-version>-<etcd-version>/bin/
-#   ${KXLB_CACHE:-/var/cache/kxlb}/node/<k8s-version>-<containerd-version>/bin/
+#   ${KXLB_CACHE:-/var/cache/kxlb}/node/<k8s-version>-<containerd-version>-<coredns-version>/bin/
 # A run whose binaries all exist does nothing (warm run: well under a second).
 # The last line on stdout is always the bin dir; everything else goes to stderr.
 #
@@ -41,6 +43,7 @@ K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubec
 ETCD_BINS=(etcd)
 NODE_K8S_BINS=(kubelet agnhost)
 CONTAINERD_BINS=(containerd containerd-shim-runc-v2 ctr)
+COREDNS_BINS=(coredns)
 
 # Versions come from the go.mod files: they are the single source of truth.
 modver() { # modver <go.mod> <module path>
@@ -52,7 +55,8 @@ modver() { # modver <go.mod> <module path>
 K8S_VERSION="$(modver "$HERE/go.mod" k8s.io/kubernetes)"
 ETCD_VERSION="$(modver "$HERE/etcd/go.mod" go.etcd.io/etcd/server/v3)"
 CONTAINERD_VERSION="$(modver "$HERE/containerd/go.mod" github.com/containerd/containerd/v2)"
-if [[ -z "$K8S_VERSION" || -z "$ETCD_VERSION" || -z "$CONTAINERD_VERSION" ]]; then
+COREDNS_VERSION="$(modver "$HERE/coredns/go.mod" github.com/coredns/coredns)"
+if [[ -z "$K8S_VERSION" || -z "$ETCD_VERSION" || -z "$CONTAINERD_VERSION" || -z "$COREDNS_VERSION" ]]; then
     echo "build.sh: cannot read versions from the go.mod files in $HERE" >&2
     exit 1
 fi
@@ -72,9 +76,9 @@ for a in "$@"; do
     esac
 done
 if [[ $target == node ]]; then
-    KEY="${K8S_VERSION}-${CONTAINERD_VERSION}"
+    KEY="${K8S_VERSION}-${CONTAINERD_VERSION}-${COREDNS_VERSION}"
     OUT="$CACHE_ROOT/node/$KEY"
-    BINS=("${NODE_K8S_BINS[@]}" "${CONTAINERD_BINS[@]}")
+    BINS=("${NODE_K8S_BINS[@]}" "${CONTAINERD_BINS[@]}" "${COREDNS_BINS[@]}")
 else
     KEY="${K8S_VERSION}-${ETCD_VERSION}"
     OUT="$CACHE_ROOT/k8s/$KEY"
@@ -85,7 +89,7 @@ for a in "${actions[@]}"; do
     case "$a" in
         --print-bin-dir) echo "$BIN_DIR"; exit 0 ;;
         --versions) echo "K8S_VERSION=$K8S_VERSION"; echo "ETCD_VERSION=$ETCD_VERSION"
-                    echo "CONTAINERD_VERSION=$CONTAINERD_VERSION"; exit 0 ;;
+                    echo "CONTAINERD_VERSION=$CONTAINERD_VERSION"; echo "COREDNS_VERSION=$COREDNS_VERSION"; exit 0 ;;
     esac
 done
 
@@ -174,6 +178,12 @@ if [[ $target == node ]]; then
             -o "$STAGE/" "$cpkg/cmd/containerd" "$cpkg/cmd/containerd-shim-runc-v2" "$cpkg/cmd/ctr"
     )
     echo "build.sh: containerd done after $(( $(date +%s) - start ))s" >&2
+    # --- CoreDNS --------------------------------------------------------------
+    (
+        cd "$HERE/coredns"
+        "$GO" build -p "$P" -trimpath -ldflags "-s -w" -o "$STAGE/coredns" github.com/coredns/coredns
+    )
+    echo "build.sh: coredns done after $(( $(date +%s) - start ))s" >&2
     # Sanity: the kubelet must report the pinned version (the API server's version
     # skew checks and the e2e framework read it).
     got="$("$STAGE/kubelet" --version 2>&1 || true)"
@@ -208,6 +218,7 @@ done
     echo "K8S_VERSION=$K8S_VERSION"
     echo "ETCD_VERSION=$ETCD_VERSION"
     echo "CONTAINERD_VERSION=$CONTAINERD_VERSION"
+    echo "COREDNS_VERSION=$COREDNS_VERSION"
     echo "BUILT=$build_date"
     echo "GO=$("$GO" env GOVERSION)"
     echo "SECONDS=$(( $(date +%s) - start ))"

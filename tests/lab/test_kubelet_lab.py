@@ -122,6 +122,20 @@ def test_services_through_kxlb_from_pods_nodes_and_outside(klab):
     assert version["gitVersion"] == "v1.37.1"
 
 
+def test_cluster_dns_resolves_service_names(klab):
+    """CoreDNS (lab/addons/coredns.yaml) behind the kube-dns Service, through kxlb: the
+    name a pod's resolv.conf points at answers with the Service's clusterIP."""
+    klab.kubectl("-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=120s", timeout=150)
+    apply(klab, agnhost_pod("dnsclient", klab.node(1).name))
+    wait_ready(klab, "dnsclient")
+    vip = json.loads(klab.kubectl("get", "svc", "kubernetes", "-o", "json").stdout)["spec"]["clusterIP"]
+    out = kexec(klab, "dnsclient", "nslookup kubernetes.default.svc.cluster.local")
+    assert vip in out.split("Name:", 1)[-1], out
+    # The search path of the pod's resolv.conf, and TCP to the resolved name.
+    assert json.loads(kexec(klab, "dnsclient", "curl -sk -m 5 https://kubernetes.default/version"))["gitVersion"] \
+        == "v1.37.1"
+
+
 @pytest.mark.lab_lifecycle
 def test_down_leaves_nothing(klab):
     iface = klab.api_iface
