@@ -36,12 +36,11 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import images, pki
+from . import images, kube, pki
 from .errors import LabError
 from .nodes import NodeSpec, kill_cgroup
 
@@ -355,8 +354,9 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bl
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float, detail: Callable[[], str] = lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise LabError(f"{what} not ready after {timeout:.0f}s{': ' + detail() if detail() else ''}")
-        time.sleep(0.2)
+    """``kube.wait_for`` as a LabError that ends with *detail* (a daemon's log tail)."""
+    try:
+        kube.wait_for(check, timeout, what)
+    except TimeoutError as exc:
+        extra = detail()
+        raise LabError(f"{exc}{':' + chr(10) + extra if extra else ''}") from None
