@@ -447,12 +447,12 @@ class Lab:
         self._write_state({"node_bin_dir": str(node_bin)})
         imgs = kubelet.NodeImages.build(self.workdir / "images", node_bin)
         pause = images.build_pause(self.workdir / "images" / "build")
-        ca = pki.load(self.controlplane.pki_dir, "ca")
         cp = self.controlplane
+        ca = pki.load(cp.pki_dir, "ca")
+        nodes = [(n, self.kubelet_node(n)) for n in self.node_specs]
         maps = []
         api = f"-/127.0.0.1:{self.api_port}"
-        for n in self.node_specs:
-            kn = self.kubelet_node(n)
+        for n, kn in nodes:
             cp.add_local_address(n.ip)
             # The API server's advertise address (the `kubernetes` Service's endpoint) is a
             # local address of every node too, relayed like 127.0.0.1: pods reach the API
@@ -462,8 +462,7 @@ class Lab:
                      f"{n.netns}/{self.advertise_address}:{self.api_port}={api}",
                      f"-/{n.ip}:{kn.kubelet_port}={n.netns}/{n.ip}:{kn.kubelet_port}"]
         self._spawn("relay", [sys.executable, "-m", "kxlb.lab.relay", *(f"--map={m}" for m in maps)], "relay")
-        self._create_nodes([self.kubelet_node(n).node_object() for n in self.node_specs])
-        nodes = [(n, self.kubelet_node(n)) for n in self.node_specs]
+        self._create_nodes([kn.node_object() for _, kn in nodes])
         for n, kn in nodes:
             kn.prepare(ca, sys.executable)
             holder = self._spawn(f"holder-{n.name}", kn.holder_argv(pause), f"holder-{n.name}", cgroup=n.cgroup)
@@ -731,8 +730,8 @@ class Lab:
 
 
 def _entered(pid: int, exe: str) -> bool:
-    """Has *pid* exec'd *exe* (after ``ip netns exec`` and ``unshare``), in a mount
-    namespace of its own?"""
+    """Has *pid* exec'd *exe* (the holder, after ``unshare``, ``nsenter`` and its mount
+    script), in a mount namespace of its own?"""
     try:
         return os.readlink(f"/proc/{pid}/exe") == exe and \
             os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
