@@ -19,9 +19,6 @@ from kxlb.lab import cni
 from kxlb.loader.netns import netns
 from kxlb.lab.nodes import NodeSpec, Topology
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)")
-
-
 def sh(*argv: str) -> str:
     return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
 
@@ -30,6 +27,8 @@ def sh(*argv: str) -> str:
 def node_ns(tmp_path):
     """A node namespace (the plugin runs inside it, as under containerd) and a spec
     whose podCIDR is a /29: five addresses for pods besides the gateway."""
+    if os.geteuid() != 0:
+        pytest.fail("the CNI tests must run as root (network namespaces)")  # as the other lab tests: never skip
     tag = uuid.uuid4().hex[:6]
     name = f"kxcni-{tag}"
     sh("ip", "netns", "add", name)
