@@ -17,15 +17,21 @@
 #       from github.com/containerd/containerd/v2 (module in ./containerd)
 #   coredns
 #       from github.com/coredns/coredns (module in ./coredns): the cluster DNS
+# Upstream e2e tests (--e2e):
+#   e2e.test
+#       `go test -c` of ./e2e: the network tests of k8s.io/kubernetes/test/e2e at the
+#       same release, with the upstream framework (lab/e2e.py runs it)
 #
 # The binaries go to a cache OUTSIDE the checkout, keyed by the versions:
 #   ${KXLB_CACHE:-/var/cache/kxlb}/k8s/<k8s-version>-<etcd-version>/bin/
 #   ${KXLB_CACHE:-/var/cache/kxlb}/node/<k8s-version>-<containerd-version>-<coredns-version>/bin/
+#   ${KXLB_CACHE:-/var/cache/kxlb}/e2e/<k8s-version>-<digest of ./e2e>/bin/
 # A run whose binaries all exist does nothing (warm run: well under a second).
 # The last line on stdout is always the bin dir; everything else goes to stderr.
 #
-# Usage: lab/k8s/build.sh [--node] [--force] [--print-bin-dir] [--versions]
+# Usage: lab/k8s/build.sh [--node|--e2e] [--force] [--print-bin-dir] [--versions]
 #   --node           the node set instead of the control plane
+#   --e2e            the e2e test binary instead of the control plane
 #   --force          rebuild even if the binaries exist
 #   --print-bin-dir  print the bin dir and exit (no build, no go needed)
 #   --versions       print K8S_VERSION=... ETCD_VERSION=... CONTAINERD_VERSION=... and exit
@@ -70,8 +76,9 @@ for a in "$@"; do
     case "$a" in
         --force) force=1 ;;
         --node) target=node ;;
+        --e2e) target=e2e ;;
         --print-bin-dir|--versions) actions+=("$a") ;;
-        -h|--help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "build.sh: unknown argument: $a" >&2; exit 2 ;;
     esac
 done
@@ -79,6 +86,11 @@ if [[ $target == node ]]; then
     KEY="${K8S_VERSION}-${CONTAINERD_VERSION}-${COREDNS_VERSION}"
     OUT="$CACHE_ROOT/node/$KEY"
     BINS=("${NODE_K8S_BINS[@]}" "${CONTAINERD_BINS[@]}" "${COREDNS_BINS[@]}")
+elif [[ $target == e2e ]]; then
+    # Keyed by the suite's own source too: a change to ./e2e is a new binary.
+    KEY="${K8S_VERSION}-$(cat "$HERE"/e2e/*.go "$HERE/go.sum" | sha256sum | cut -c1-12)"
+    OUT="$CACHE_ROOT/e2e/$KEY"
+    BINS=(e2e.test)
 else
     KEY="${K8S_VERSION}-${ETCD_VERSION}"
     OUT="$CACHE_ROOT/k8s/$KEY"
@@ -151,20 +163,35 @@ for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
          -X "'$pkg.gitTreeState=clean'"
          -X "'$pkg.buildDate=$build_date'")
 done
+if [[ $target == e2e ]]; then
+    (
+        cd "$HERE"
+        "$GO" test -c -p "$P" -trimpath -tags selinux,grpcnotrace \
+            -ldflags "${ld[*]}" -o "$STAGE/e2e.test" ./e2e
+    )
+    echo "build.sh: e2e.test done after $(( $(date +%s) - start ))s" >&2
+    got="$("$STAGE/e2e.test" --version 2>&1 || true)"
+    if [[ "$got" != "$K8S_VERSION" ]]; then
+        echo "build.sh: e2e.test --version says '$got', want '$K8S_VERSION'" >&2
+        exit 1
+    fi
+fi
 pkgs=()
 if [[ $target == node ]]; then
     pkgs=(k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/test/images/agnhost)
-else
+elif [[ $target == control ]]; then
     for b in "${K8S_BINS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
 fi
-(
-    cd "$HERE"
-    # Tags as upstream's non-debug build (hack/lib/golang.sh). The kubelet is
-    # static too: nothing it links needs cgo on Linux without the dockershim.
-    "$GO" build -p "$P" -trimpath -tags selinux,notest,grpcnotrace \
-        -ldflags "${ld[*]}" -o "$STAGE/" "${pkgs[@]}"
-)
-echo "build.sh: kubernetes done after $(( $(date +%s) - start ))s" >&2
+if [[ ${#pkgs[@]} -gt 0 ]]; then
+    (
+        cd "$HERE"
+        # Tags as upstream's non-debug build (hack/lib/golang.sh). The kubelet is
+        # static too: nothing it links needs cgo on Linux without the dockershim.
+        "$GO" build -p "$P" -trimpath -tags selinux,notest,grpcnotrace \
+            -ldflags "${ld[*]}" -o "$STAGE/" "${pkgs[@]}"
+    )
+    echo "build.sh: kubernetes done after $(( $(date +%s) - start ))s" >&2
+fi
 
 if [[ $target == node ]]; then
     # --- containerd -----------------------------------------------------------
@@ -191,7 +218,7 @@ if [[ $target == node ]]; then
         echo "build.sh: kubelet --version says '$got', want 'Kubernetes $K8S_VERSION'" >&2
         exit 1
     fi
-else
+elif [[ $target == control ]]; then
     # --- etcd -----------------------------------------------------------------
     (
         cd "$HERE/etcd"
