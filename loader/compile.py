@@ -26,9 +26,8 @@ from pathlib import Path
 
 from . import bpfsys
 from .errors import KxlbError
-from .layout import C
+from .layout import BPF_DIR, C
 
-BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 MAIN_SOURCE = BPF_DIR / "kxlb.c"
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 _FAMILY = re.compile(r'^\s*#\s*define\s+KX_FAM\s+(\d+)\s*$')
