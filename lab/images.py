@@ -195,6 +195,14 @@ def pause_image(out_dir: Path, ref: str = PAUSE_IMAGE) -> tuple[Path, str]:
 AGNHOST_IMAGE = "registry.k8s.io/e2e-test-images/agnhost:2.66.1"
 BUSYBOX = Path("/bin/busybox")   # Debian's busybox-static
 CURL = Path("/usr/bin/curl")
+# What the e2e tests run in agnhost beyond busybox, as upstream's image installs it
+# (alpine's bind-tools curl netcat-openbsd iproute2 bash socat): the tests call nc with
+# OpenBSD's flags (-v -t -u -z), dig, socat and ip.
+E2E_TOOLS = tuple(Path(p) for p in ("/usr/bin/curl", "/usr/bin/nc.openbsd", "/usr/bin/socat", "/usr/bin/dig",
+                                    "/usr/bin/nslookup", "/usr/bin/host", "/usr/bin/ip", "/usr/bin/bash"))
+# sh is bash: Debian's busybox-static runs its own applets before PATH (FEATURE_SH_STANDALONE),
+# so its ash would run busybox's nc whatever PATH says.
+E2E_ALIASES = {"/usr/bin/nc": "nc.openbsd", "/bin/sh": "/usr/bin/bash"}
 
 
 def shared_libraries(binary: Path) -> list[Path]:
@@ -218,22 +226,35 @@ def shared_libraries(binary: Path) -> list[Path]:
     return out
 
 
-def userland_entries(busybox: Path = BUSYBOX, extra: Iterable[Path] = (CURL,)) -> list[Entry]:
+def with_libraries(paths: Iterable[Path], seen: set[str]) -> list[Entry]:
+    """*paths* (executables or shared objects of this machine) at their own paths, with
+    every library the loader maps for them; paths in *seen* are skipped, and added."""
+    entries = []
+    for binary in paths:
+        if not Path(binary).exists():
+            raise ImageError(f"{binary} is missing")
+        for p in [Path(binary), *shared_libraries(binary)]:
+            if str(p) not in seen:
+                entries.append(Entry(str(p), source=p.resolve(), mode=0o755))
+                seen.add(str(p))
+    return entries
+
+
+def userland_entries(busybox: Path = BUSYBOX, extra: Iterable[Path] = (CURL,),
+                     aliases: Optional[dict[str, str]] = None) -> list[Entry]:
     """A small Debian userland: busybox-static with a link per applet (sh, nc, nslookup,
-    wget, cat, ...), *extra* binaries with their libraries at the paths the loader opens,
-    and the /etc files a name lookup reads."""
+    wget, cat, ...), *extra* binaries with their libraries at the paths the loader opens
+    (they win over busybox's applets), *aliases* (path: link target), and the /etc files
+    a name lookup reads."""
     if not os.access(busybox, os.X_OK):
         raise ImageError(f"{busybox} is missing (Debian package busybox-static)")
     applets = subprocess.run([str(busybox), "--list-full"], capture_output=True, text=True, check=True).stdout.split()
     entries = [Entry("/bin/busybox", source=busybox, mode=0o755)]
     files = {"/bin/busybox"}
-    for binary in extra:
-        if not os.access(binary, os.X_OK):
-            raise ImageError(f"{binary} is missing")
-        for p in [binary, *shared_libraries(binary)]:
-            if str(p) not in files:
-                entries.append(Entry(str(p), source=p.resolve(), mode=0o755))
-                files.add(str(p))
+    entries += with_libraries(extra, files)
+    for path, target in (aliases or {}).items():
+        entries.append(Entry(path, link=target))
+        files.add(path)
     for applet in applets:
         path = "/" + applet
         if path not in files:
@@ -252,10 +273,28 @@ def userland_entries(busybox: Path = BUSYBOX, extra: Iterable[Path] = (CURL,)) -
 def agnhost_image(out_dir: Path, agnhost: Path, ref: str = AGNHOST_IMAGE) -> tuple[Path, str]:
     """The e2e tests' image: /agnhost (ENTRYPOINT, CMD pause, as upstream's Dockerfile)
     on the userland of ``userland_entries``, in two layers. Returns (layout, digest)."""
-    base = layer_tar(userland_entries())
+    base = layer_tar(userland_entries(extra=E2E_TOOLS, aliases=E2E_ALIASES))
     top = layer_tar([Entry("/agnhost", source=agnhost, mode=0o755)])
     layout = out_dir / "agnhost"
     return layout, write_layout(layout, ref, [base, top], ImageConfig(entrypoint=("/agnhost",), cmd=("pause",)))
+
+
+# The two other images the network tests run (manifest.go, v1.37.1): the DNS tests' querier
+# (upstream: Debian with dnsutils; here the same userland as agnhost, which has dig) and
+# busybox (upstream: busybox alone).
+GLIBC_DNS_TESTING_IMAGE = "registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1"
+BUSYBOX_IMAGE = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2"
+
+
+def dns_testing_image(out_dir: Path, ref: str = GLIBC_DNS_TESTING_IMAGE) -> tuple[Path, str]:
+    layout = out_dir / "glibc-dns-testing"
+    return layout, write_layout(layout, ref, [layer_tar(userland_entries(extra=E2E_TOOLS, aliases=E2E_ALIASES))],
+                                ImageConfig(cmd=("/bin/sh",)))
+
+
+def busybox_image(out_dir: Path, ref: str = BUSYBOX_IMAGE) -> tuple[Path, str]:
+    layout = out_dir / "busybox"
+    return layout, write_layout(layout, ref, [layer_tar(userland_entries(extra=()))], ImageConfig(cmd=("sh",)))
 
 
 # ---- CoreDNS --------------------------------------------------------------------------------
@@ -270,6 +309,16 @@ def coredns_image(out_dir: Path, coredns: Path, ref: str = COREDNS_IMAGE) -> tup
     layout = out_dir / "coredns"
     return layout, write_layout(layout, ref, [layer], ImageConfig(entrypoint=("/coredns",), env=(),
                                                                   user="65534:65534"))
+
+
+def archive_digest(archive: Path) -> str:
+    """The manifest digest an OCI archive's index names (``sha256:...``)."""
+    try:
+        with tarfile.open(archive) as tar:
+            f = tar.extractfile("index.json")
+            return json.load(f)["manifests"][0]["digest"]
+    except (OSError, KeyError, IndexError, ValueError, tarfile.TarError) as exc:
+        raise ImageError(f"{archive}: not an OCI archive with one image ({exc})") from None
 
 
 def write_archive(layout: Path, dest: Path) -> Path:

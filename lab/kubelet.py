@@ -104,7 +104,9 @@ class NodeImages:
         archives = {}
         for ref, make in ((images.PAUSE_IMAGE, lambda: images.pause_image(out_dir)),
                           (images.AGNHOST_IMAGE, lambda: images.agnhost_image(out_dir, node_bin / "agnhost")),
-                          (images.COREDNS_IMAGE, lambda: images.coredns_image(out_dir, node_bin / "coredns"))):
+                          (images.COREDNS_IMAGE, lambda: images.coredns_image(out_dir, node_bin / "coredns")),
+                          (images.GLIBC_DNS_TESTING_IMAGE, lambda: images.dns_testing_image(out_dir)),
+                          (images.BUSYBOX_IMAGE, lambda: images.busybox_image(out_dir))):
             layout, digest = make()
             archive = out_dir / f"{digest.split(':', 1)[1][:16]}.tar"
             if not archive.exists():
@@ -276,7 +278,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bl
         the node's stay inside), the node's network namespace, and a sysfs of that network
         namespace at /sys (as ``ip netns exec`` makes), with the host's cgroup and BPF
         filesystems moved over onto the new /sys: the kubelet and runc need the cgroup
-        hierarchies, and kxlb's pinned maps live in bpffs."""
+        hierarchies, and kxlb's pinned maps live in bpffs (shared within the node)."""
         keep = self.dir / "sys-keep"
         script = (
             'set -e; k="$1"; shift\n'
@@ -289,6 +291,9 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bl
             '  mountpoint -q "$k/$m" || continue\n'
             '  mount --move "$k/$m" "/sys/$m"\n'
             'done\n'
+            # Shared within the node (still a slave of the host's): the kxlb DaemonSet mounts
+            # bpffs with Bidirectional propagation, which needs a shared source mount.
+            'if mountpoint -q /sys/fs/bpf; then mount --make-rshared /sys/fs/bpf; fi\n'
             'exec "$@"\n')
         return ["unshare", "--mount", "--propagation", "slave", "--",
                 "nsenter", f"--net=/var/run/netns/{self.node.netns}", "--",
@@ -330,11 +335,19 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bl
     def import_images(self, imgs: NodeImages) -> None:
         have = set(self.ctr("images", "list", "--quiet").stdout.split())
         for ref, archive in imgs.archives.items():
-            if ref in have:
-                continue
-            r = self.ctr("images", "import", "--platform", "linux/amd64", str(archive), timeout=300)
-            if r.returncode:
-                raise LabError(f"{self.node.name}: ctr images import {archive} ({ref}): {r.stderr.strip()}")
+            if ref not in have:
+                self.import_archive(ref, archive)
+
+    def import_archive(self, ref: str, archive: Path) -> None:
+        """Import an OCI archive into the node's containerd (its name points at the new
+        content if it was there); nothing to do when *ref* already is that content."""
+        want = images.archive_digest(archive)
+        have = self.ctr("images", "list", f"name=={ref}").stdout.split()
+        if want in have:
+            return
+        r = self.ctr("images", "import", "--platform", "linux/amd64", str(archive), timeout=300)
+        if r.returncode:
+            raise LabError(f"{self.node.name}: ctr images import {archive} ({ref}): {r.stderr.strip()}")
 
     def node_object(self) -> dict:
         """The Node the lab creates before the kubelet registers: the podCIDRs of the
