@@ -519,6 +519,8 @@ class Lab:
         self._write_state({"proxy": "none"})
         if actual == "none":
             return actual
+        if self.kubelet:
+            return self._start_proxy_daemonset(actual, timeout)
         for n in self.node_specs:
             if kind == "kxlb":
                 self._spawn(f"proxy-{n.name}",
@@ -538,6 +540,50 @@ class Lab:
             raise
         self.log(f"proxy {actual} healthy on {', '.join(n.name for n in self.node_specs)}")
         return actual
+
+    def _start_proxy_daemonset(self, mode: str, timeout: float) -> str:
+        """Real-kubelet labs: *mode* as a DaemonSet from its manifest (proxies.py), with the
+        image the lab builds and imports into every node; waits for every node's pod to
+        answer its health endpoint."""
+        t = time.monotonic()
+        from . import proxyimages
+        if PROXY_MODES[mode].kind == "kxlb":
+            ref, archive = proxyimages.KXLB_IMAGE, proxyimages.kxlb_image(REPO)
+            docs = proxies.kxlb_daemonset(mode, api_host=self.advertise_address, api_port=self.api_port,
+                                          cgroup_dir=self.topology.cgroup_dir, bpffs=self.topology.bpffs)
+        else:
+            version = (self.read_state() or {})["k8s_version"]
+            ref, archive = proxyimages.kube_proxy_image(self.bin_dir / "kube-proxy", version)
+            docs = proxies.kube_proxy_daemonset(mode, image=ref, api_host=self.advertise_address,
+                                                api_port=self.api_port)
+        for n in self.node_specs:
+            self.kubelet_node(n).import_archive(ref, archive)
+        self.log(f"{ref} built and imported into {len(self.node_specs)} nodes in {time.monotonic() - t:.1f}s")
+        manifest = self.workdir / f"{proxies.daemonset_name(mode)}.yaml"
+        import yaml
+        manifest.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+        self.kubectl("apply", "-f", str(manifest))
+        self._write_state({"proxy": mode})
+        deadline = time.monotonic() + timeout
+        pending = list(self.node_specs)
+        detail = ""
+        while pending:
+            ok, detail = proxies.daemonset_health(mode, pending[0])
+            if ok:
+                pending.pop(0)
+                continue
+            if time.monotonic() > deadline:
+                pods = self.kubectl("get", "pods", "-n", "kube-system", "-o", "wide", check=False).stdout
+                logs = self.kubectl("logs", "-n", "kube-system", f"daemonset/{proxies.daemonset_name(mode)}",
+                                    "--tail=20", check=False)
+                self._stop_proxies()
+                self._write_state({"proxy": "none"})
+                raise LabError(f"{mode} on {pending[0].name} not healthy after {timeout:.0f}s ({detail}); "
+                               f"pods:\n{pods}\nlogs:\n{logs.stdout or logs.stderr}")
+            time.sleep(0.5)
+        self.log(f"proxy {mode} (DaemonSet {proxies.daemonset_name(mode)}) healthy on "
+                 f"{', '.join(n.name for n in self.node_specs)}")
+        return mode
 
     def proxy_pid(self, which: int | str) -> Optional[int]:
         """The pid of the service proxy running on a node (None: none runs)."""
@@ -567,6 +613,12 @@ class Lab:
     def _stop_proxies(self) -> None:
         """Stop proxy processes (with what they forked) and remove what they left in the nodes."""
         self._stop_roles([f"proxy-{n.name}" for n in self.node_specs])
+        st = self.read_state() or {}
+        if self.kubelet and st.get("state") == "up" and st.get("proxy", "none") != "none":
+            # Foreground: returns once the pods are gone (their datapath stays until clear_node).
+            for name in ("kxlb", "kube-proxy"):
+                self.kubectl("delete", "daemonset", "-n", "kube-system", name, "--ignore-not-found",
+                             "--cascade=foreground", "--timeout=60s", check=False, timeout=90)
         for n in self.node_specs:
             proxies.clear_node(n)
 
@@ -660,8 +712,15 @@ class Lab:
                 "proxy": {"mode": (st or {}).get("proxy"), "pid": proxy["pid"] if proxy else None,
                           "running": bool(proxy), "log": proxy["log"] if proxy else None},
             }
-            kind = PROXY_MODES.get((st or {}).get("proxy") or "none", PROXY_MODES["none"]).kind
-            if kind == "kxlb":
+            mode = (st or {}).get("proxy") or "none"
+            kind = PROXY_MODES.get(mode, PROXY_MODES["none"]).kind
+            if self.kubelet and kind != "none":
+                entry["proxy"].update({"daemonset": f"kube-system/{proxies.daemonset_name(mode)}",
+                                       "metrics": f"127.0.0.1:{proxies.DS_METRICS_PORT} (in {n.netns})",
+                                       "healthz": f"127.0.0.1:{proxies.DS_HEALTHZ_PORT} (in {n.netns})"})
+                entry["proxy"]["running"] = bool(probe and proxies.daemonset_health(mode, n)[0])
+                proxy = entry["proxy"]["running"]
+            elif kind == "kxlb":
                 entry["proxy"]["metrics"] = f"127.0.0.1:{proxies.CONTROLLER_METRICS_BASE + self.port_offset + n.index}"
             elif kind == "kube-proxy":
                 entry["proxy"]["metrics"] = f"127.0.0.1:{proxies.KUBE_PROXY_METRICS_BASE + self.port_offset + n.index} (in {n.netns})"

@@ -161,3 +161,74 @@ def clear_bpf(n: NodeSpec) -> None:
         from .nodes import kill_cgroup
         kill_cgroup(n.cgroup)
         os.makedirs(n.cgroup, exist_ok=True)
+
+
+# ---- as DaemonSets (real-kubelet labs) -----------------------------------------------------------
+# On real-kubelet nodes the proxies run the way clusters run them: kxlb from deploy/kxlb.yaml,
+# kube-proxy from kubeadm's manifest (lab/addons/kube-proxy.yaml), each with an image the lab
+# builds (lab/proxyimages.py). What the lab changes in them is what differs on its nodes.
+DEPLOY_KXLB = Path(__file__).resolve().parent.parent / "deploy" / "kxlb.yaml"
+KUBE_PROXY_ADDON = Path(__file__).resolve().parent / "addons" / "kube-proxy.yaml"
+DS_METRICS_PORT = 10249   # both proxies, on every address of the node
+DS_HEALTHZ_PORT = 10256
+IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def daemonset_name(mode: str) -> str:
+    return "kxlb" if PROXY_MODES[mode].kind == "kxlb" else "kube-proxy"
+
+
+def _flag(args: list[str], name: str, value: str) -> list[str]:
+    """*args* with ``--name=...`` set to *value* (replaced where it is, else appended)."""
+    out = [a for a in args if not a.startswith(f"{name}=")]
+    return out + [f"{name}={value}"]
+
+
+def kxlb_daemonset(mode: str, *, api_host: str, api_port: int, cgroup_dir: str, bpffs: str) -> list[dict]:
+    """deploy/kxlb.yaml's objects for a lab, as dicts. The lab's changes: the API server's
+    address; the pod interfaces are the lab CNI's ``kxp*``; each node has its own cgroup
+    and pin directory under the host's (``$(NODE_NAME)``, expanded by the kubelet); both
+    families' cluster CIDRs; *mode*'s flags (XDP)."""
+    import yaml
+    docs = [d for d in yaml.safe_load_all(DEPLOY_KXLB.read_text()) if d]
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    c = ds["spec"]["template"]["spec"]["containers"][0]
+    c["command"] = [c["command"][0], f"--pin-dir={bpffs}/$(NODE_NAME)", *c["command"][1:]]
+    args = [a for a in c["args"] if not a.startswith("--iface=")]
+    args = ["--iface=eth0", "--iface=kxp*", *args]
+    args = _flag(args, "--cgroup", f"{cgroup_dir}/$(NODE_NAME)")
+    args = _flag(args, "--cluster-cidr", CLUSTER_CIDRS)
+    c["args"] = args + list(PROXY_MODES[mode].flags)
+    env = {e["name"]: e for e in c["env"]}
+    env["KUBERNETES_SERVICE_HOST"] = {"name": "KUBERNETES_SERVICE_HOST", "value": api_host}
+    env["KUBERNETES_SERVICE_PORT"] = {"name": "KUBERNETES_SERVICE_PORT", "value": str(api_port)}
+    c["env"] = list(env.values())
+    return docs
+
+
+def kube_proxy_daemonset(mode: str, *, image: str, api_host: str, api_port: int) -> list[dict]:
+    """lab/addons/kube-proxy.yaml with the lab's values filled in."""
+    import re
+    import yaml
+    m = PROXY_MODES[mode]
+    proxy_mode = next(f.split("=", 1)[1] for f in m.flags if f.startswith("--proxy-mode="))
+    from .proxyimages import LEGACY_DIR
+    path = f"{LEGACY_DIR}:{IMAGE_PATH}" if m.iptables == "legacy" else IMAGE_PATH
+    host = f"[{api_host}]" if ":" in api_host else api_host
+    values = dict(CLUSTER_CIDR=CLUSTER_CIDRS, MODE=proxy_mode, API_SERVER=f"{host}:{api_port}", IMAGE=image,
+                  PATH=path)
+    # ${NAME} only: $(NODE_NAME) is the kubelet's to expand.
+    text = re.sub(r"\$\{([A-Z_]+)\}", lambda mo: values[mo.group(1)], KUBE_PROXY_ADDON.read_text())
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def daemonset_health(mode: str, n: NodeSpec) -> tuple[bool, str]:
+    """``health`` for the DaemonSet's pod on node *n*: the same endpoints, on the node's
+    own ports."""
+    kxlb = PROXY_MODES[mode].kind == "kxlb"
+    port, path = (DS_METRICS_PORT, "/readyz") if kxlb else (DS_HEALTHZ_PORT, "/healthz")
+    try:
+        code, body = http_get("127.0.0.1", port, path, ns=n.netns)
+    except OSError as exc:
+        return False, str(exc)
+    return code == 200, f"HTTP {code} {body.strip()[:200]}"
