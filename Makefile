@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo standalone-demo test fuzz bench bench-scale bench-e2e lint clean help
+.PHONY: setup demo standalone-demo test fuzz bench bench-scale bench-e2e e2e lint clean help
 
 help:
 	@echo "make demo    - the Kubernetes lab (real control plane, 2 netns nodes, kxlb controller) and traffic"
@@ -13,6 +13,7 @@ help:
 	@echo "make bench   - datapath microbenchmark (BPF_PROG_TEST_RUN), controller benchmarks, Maglev vs hash % N"
 	@echo "make bench-scale - the controller with 20k Services and EndpointSlice churn (about 10 min)"
 	@echo "make bench-e2e - kxlb against kube-proxy iptables and nftables on the lab: latency, sync, throughput, memory"
+	@echo "make e2e     - the upstream Kubernetes e2e Services tests, kube-proxy then kxlb, on real-kubelet nodes (E2E_SUITE)"
 	@echo "make setup   - install everything this project needs (idempotent)"
 
 setup:
@@ -45,6 +46,13 @@ bench-scale: setup
 BENCH_E2E_ARGS ?=
 bench-e2e: setup
 	$(PY) bench/e2e.py $(BENCH_E2E_ARGS)
+
+# The upstream e2e binary against both proxies' DaemonSets on one real-kubelet lab; the
+# table goes to docs/e2e-<suite>.md. E2E_SUITE=conformance is the subset CI runs.
+E2E_SUITE ?= services
+E2E_ARGS ?=
+e2e: setup
+	$(PY) -m kxlb.lab.e2e --suite $(E2E_SUITE) --markdown docs/e2e-$(E2E_SUITE).md $(E2E_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info loader/*.so

@@ -1,5 +1,8 @@
 """The lab with real nodes (``kxlb lab up --kubelet``): a kubelet, containerd and runc
-per node, pods from the e2e framework's agnhost image, kxlb as the service proxy.
+per node, pods from the e2e framework's agnhost image, and the service proxies deployed
+as clusters deploy them: kxlb from deploy/kxlb.yaml, kube-proxy from kubeadm's DaemonSet,
+each from the image the lab builds. The Service tests run against both, on the same lab;
+so do the upstream Conformance Services specs (lab/e2e.py).
 
 A lab of its own (name ``kxkt``, ports shifted by 3300), beside the session lab of the
 other lab tests; it is torn down at the end of the module, and the test of that checks
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from kxlb.lab import images, kubelet, procs
+from kxlb.lab import e2e, images, kubelet, procs, proxies, proxyimages
 from kxlb.lab.cluster import MARKER_ENV, Lab
 
 WORKDIR = Path(tempfile.gettempdir()) / "kxlb-test-kubelet-lab"
@@ -63,6 +66,18 @@ def kexec(lab: Lab, pod: str, script: str) -> str:
     return lab.kubectl("-n", "kt", "exec", pod, "--", "sh", "-c", script, timeout=60).stdout
 
 
+PROXIES = ("kxlb", "kube-proxy")
+
+
+@pytest.fixture
+def proxy(klab, request):
+    """The proxy the test asks for (indirect parametrisation), switched on the lab."""
+    if klab.proxy != request.param:
+        klab.set_proxy(request.param, timeout=180)
+    assert klab.proxy == request.param
+    return request.param
+
+
 def test_nodes_run_a_real_kubelet_and_containerd(klab):
     for n in klab.node_specs:
         node = json.loads(klab.kubectl("get", "node", n.name, "-o", "json").stdout)
@@ -92,7 +107,33 @@ def test_pod_gets_the_lab_network_and_exec_and_logs_work(klab):
     assert "Started HTTP server on port 8080" in klab.kubectl("-n", "kt", "logs", "solo").stdout
 
 
-def test_services_through_kxlb_from_pods_nodes_and_outside(klab):
+@pytest.mark.parametrize("proxy", PROXIES, indirect=True)
+def test_proxy_runs_as_a_daemonset_pod_with_logs_metrics_and_health(klab, proxy):
+    name = proxies.daemonset_name(proxy)
+    ds = json.loads(klab.kubectl("-n", "kube-system", "get", "daemonset", name, "-o", "json").stdout)
+    assert ds["status"]["numberReady"] == ds["status"]["desiredNumberScheduled"] == len(klab.node_specs)
+    pods = json.loads(klab.kubectl("-n", "kube-system", "get", "pods", "-o", "json").stdout)["items"]
+    mine = [p for p in pods if p["metadata"]["name"].startswith(f"{name}-")]
+    # One host-network pod per node, on the node's own address, Ready by its probe.
+    assert sorted(p["spec"]["nodeName"] for p in mine) == sorted(n.name for n in klab.node_specs)
+    for p in mine:
+        node = klab.node(p["spec"]["nodeName"])
+        assert p["spec"]["hostNetwork"] and p["status"]["podIP"] == node.ip
+        assert any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"]["conditions"])
+        want = proxyimages.KXLB_IMAGE if proxy == "kxlb" else f"{proxyimages.KUBE_PROXY_REPO}:v1.37.1"
+        assert p["status"]["containerStatuses"][0]["image"] == want
+    # Logs through the API server and the kubelet; metrics on the port the pod declares,
+    # from another pod, as a Prometheus would scrape them.
+    logs = klab.kubectl("-n", "kube-system", "logs", mine[0]["metadata"]["name"]).stdout
+    assert ("full sync" in logs) if proxy == "kxlb" else ("Starting" in logs), logs[-2000:]
+    apply(klab, agnhost_pod("scraper", klab.node(1).name))
+    wait_ready(klab, "scraper")
+    metrics = kexec(klab, "scraper", f"curl -s -m 3 http://{klab.node(2).ip}:{proxies.DS_METRICS_PORT}/metrics")
+    assert ("kxlb_" if proxy == "kxlb" else "kubeproxy_sync_proxy_rules") in metrics
+
+
+@pytest.mark.parametrize("proxy", PROXIES, indirect=True)
+def test_services_from_pods_nodes_and_outside(klab, proxy):
     n1, n2 = klab.node(1), klab.node(2)
     apply(klab, agnhost_pod("b1", n1.name, {"app": "b"}), agnhost_pod("b2", n2.name, {"app": "b"}),
           agnhost_pod("client", n2.name),
@@ -122,9 +163,10 @@ def test_services_through_kxlb_from_pods_nodes_and_outside(klab):
     assert version["gitVersion"] == "v1.37.1"
 
 
-def test_cluster_dns_resolves_service_names(klab):
-    """CoreDNS (lab/addons/coredns.yaml) behind the kube-dns Service, through kxlb: the
-    name a pod's resolv.conf points at answers with the Service's clusterIP."""
+@pytest.mark.parametrize("proxy", PROXIES, indirect=True)
+def test_cluster_dns_resolves_service_names(klab, proxy):
+    """CoreDNS (lab/addons/coredns.yaml) behind the kube-dns Service, through the proxy:
+    the name a pod's resolv.conf points at answers with the Service's clusterIP."""
     klab.kubectl("-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=120s", timeout=150)
     apply(klab, agnhost_pod("dnsclient", klab.node(1).name))
     wait_ready(klab, "dnsclient")
@@ -134,6 +176,16 @@ def test_cluster_dns_resolves_service_names(klab):
     # The search path of the pod's resolv.conf, and TCP to the resolved name.
     assert json.loads(kexec(klab, "dnsclient", "curl -sk -m 5 https://kubernetes.default/version"))["gitVersion"] \
         == "v1.37.1"
+
+
+@pytest.mark.parametrize("proxy", ("kube-proxy", "kxlb"), indirect=True)
+def test_upstream_conformance_services_specs_pass(klab, proxy, tmp_path):
+    """The upstream e2e binary's [Conformance] Services specs (lab/e2e.py), first with
+    kube-proxy (the reference), then with kxlb: every one passes, none is skipped."""
+    results = e2e.run_suite(klab, e2e.e2e_binary(), e2e.SUITES["conformance"], tmp_path / proxy)
+    assert len(results) == 15, sorted(results)
+    bad = {n: r for n, r in results.items() if r["state"] != "passed"}
+    assert not bad, f"{proxy}: {json.dumps(bad, indent=1)}\nlog {tmp_path / proxy / 'e2e.log'}"
 
 
 @pytest.mark.lab_lifecycle
