@@ -48,11 +48,12 @@ bench-e2e: setup
 	$(PY) bench/e2e.py $(BENCH_E2E_ARGS)
 
 # The upstream e2e binary against both proxies' DaemonSets on one real-kubelet lab; the
-# table goes to docs/e2e-<suite>.md. E2E_SUITE=conformance is the subset CI runs.
+# table goes to docs/e2e.md (between the suite's markers). E2E_SUITE=conformance is the
+# subset CI runs.
 E2E_SUITE ?= services
 E2E_ARGS ?=
 e2e: setup
-	$(PY) -m kxlb.lab.e2e --suite $(E2E_SUITE) --markdown docs/e2e-$(E2E_SUITE).md $(E2E_ARGS)
+	$(PY) -m kxlb.lab.e2e --suite $(E2E_SUITE) --markdown docs/e2e.md $(E2E_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info loader/*.so

@@ -139,6 +139,19 @@ def markdown(results: dict[str, dict[str, dict]], suite: str, meta: dict) -> str
     return "\n".join(head + lines + ([""] + ["Failures and skips:", ""] + notes if notes else []) + skipped) + "\n"
 
 
+def write_table(path: Path, suite: str, table: str) -> None:
+    """Put *table* between the suite's markers in *path* (docs/e2e.md keeps its prose and
+    the other suite's table), or append it with markers."""
+    begin, end = f"<!-- e2e:{suite}:begin -->", f"<!-- e2e:{suite}:end -->"
+    text = path.read_text() if path.exists() else ""
+    block = f"{begin}\n{table}{end}"
+    if begin in text and end in text:
+        text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text + ("\n" if text and not text.endswith("\n") else "") + block + "\n"
+    path.write_text(text)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kxlb.lab.e2e", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,7 +162,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--name", default="kxe2e", help="the lab's name (namespace prefix)")
     ap.add_argument("--port-offset", type=int, default=3400)
     ap.add_argument("--out", default=None, help="results directory (default: WORKDIR/results)")
-    ap.add_argument("--markdown", default=None, help="also write the table to this file (docs/e2e.md)")
+    ap.add_argument("--markdown", default=None,
+                    help="also put the table in this file, between the suite's markers (docs/e2e.md)")
     ap.add_argument("--keep", action="store_true", help="leave the lab up afterwards")
     ap.add_argument("--focus", default=None, help="a regex instead of the suite's focus")
     args = ap.parse_args(argv)
@@ -176,7 +190,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     table = markdown(results, args.suite, meta)
     print(table)
     if args.markdown:
-        Path(args.markdown).write_text(table)
+        write_table(Path(args.markdown), args.suite, table)
     failed = [(p, n) for p, r in results.items() for n, v in r.items() if v["state"] == "failed"]
     return 1 if failed else 0
 
