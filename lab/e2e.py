@@ -48,7 +48,7 @@ SUITES = {
 }
 # What one machine cannot run, and why: never skipped silently, the table lists them.
 SKIPS = (
-    (r"SCTP", "SCTP: neither kxlb nor the lab's pods carry it (kxlb owns TCP and UDP)"),
+    (r"SCTP", "kxlb serves TCP and UDP only, and the lab's pods have no SCTP"),
     (r"\[Disruptive\]", "restarts the API server or the proxy over SSH to the nodes (a cloud provider's)"),
 )
 

@@ -178,6 +178,7 @@ def test_cluster_dns_resolves_service_names(klab, proxy):
         == "v1.37.1"
 
 
+@pytest.mark.timeout(1800)   # the first run builds e2e.test (3.5 min with a warm Go cache)
 @pytest.mark.parametrize("proxy", ("kube-proxy", "kxlb"), indirect=True)
 def test_upstream_conformance_services_specs_pass(klab, proxy, tmp_path):
     """The upstream e2e binary's [Conformance] Services specs (lab/e2e.py), first with
