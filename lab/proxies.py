@@ -156,11 +156,12 @@ def clear_bpf(n: NodeSpec) -> None:
         Registry(n.pin_dir).remove()
     except Exception:  # noqa: BLE001
         pass
-    if had_pins and os.path.isdir(n.cgroup):
-        # Socket-level programs attached to the cgroup go with it.
-        from .nodes import kill_cgroup
-        kill_cgroup(n.cgroup)
-        os.makedirs(n.cgroup, exist_ok=True)
+    if had_pins:
+        # The socket-level programs stay attached to the node's cgroup without their pins:
+        # detach them by name. (Not by removing the cgroup: on a real-kubelet node it holds
+        # containerd, the kubelet and every pod.)
+        from kxlb.loader.socklb import detach_socket_lb
+        detach_socket_lb(n.cgroup)
 
 
 # ---- as DaemonSets (real-kubelet labs) -----------------------------------------------------------
