@@ -144,8 +144,9 @@ def register(sub) -> None:
                         "to none when `kxlb controller` is missing)")
     c.add_argument("--kubelet", action=argparse.BooleanOptionalAction, default=None,
                    help="real nodes: containerd, runc and a kubelet per node (built from Go modules like the "
-                        "control plane); --no-kubelet: the pod agent (fast, no images). Default: the running "
-                        "lab's, else --no-kubelet")
+                        "control plane), the proxy as a DaemonSet (kxlb from deploy/kxlb.yaml, kube-proxy "
+                        "from kubeadm's manifest); --no-kubelet: the pod agent (fast, no images). Default: "
+                        "the running lab's, else --no-kubelet")
     c.add_argument("--no-build", action="store_true", help="do not run lab/k8s/build.sh")
     c.add_argument("--timeout", type=float, default=180, help="seconds to wait for readiness (default %(default)s)")
     c.add_argument("--name", help=argparse.SUPPRESS)          # a second lab beside the first (tests)
