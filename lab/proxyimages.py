@@ -88,33 +88,23 @@ def dpkg_files(package: str) -> list[Path]:
     return out
 
 
-def _host_files(paths: Iterable[Path], seen: set[str]) -> list[Entry]:
-    """Entries for files of this machine at the same path: symlinks stay symlinks."""
+def _host_files(paths: Iterable[tuple[str, Path]], seen: set[str]) -> list[Entry]:
+    """Entries for (path in the image, file of this machine) pairs: symlinks stay symlinks;
+    paths in *seen* are skipped, and added."""
     out = []
-    for p in paths:
-        if str(p) in seen:
-            continue
-        seen.add(str(p))
-        if p.is_symlink():
-            out.append(Entry(str(p), link=os.readlink(p)))
-        else:
-            out.append(Entry(str(p), source=p, mode=p.stat().st_mode & 0o7777))
-    return out
-
-
-def _tree(src: Path, dest: str, seen: set[str]) -> list[Entry]:
-    """Every file under directory *src*, placed under *dest* in the image."""
-    out = []
-    for p in sorted(src.rglob("*")):
-        if p.is_dir() and not p.is_symlink():
-            continue
-        path = f"{dest}/{p.relative_to(src)}"
+    for path, p in paths:
         if path in seen:
             continue
         seen.add(path)
         out.append(Entry(path, link=os.readlink(p)) if p.is_symlink()
                    else Entry(path, source=p, mode=p.stat().st_mode & 0o7777))
     return out
+
+
+def _tree(src: Path, dest: str) -> list[tuple[str, Path]]:
+    """Every file under directory *src*, as (its path under *dest*, the file)."""
+    return [(f"{dest}/{p.relative_to(src)}", p) for p in sorted(src.rglob("*"))
+            if p.is_symlink() or not p.is_dir()]
 
 
 def pip_install(project: Path, dest: Path, python: str = sys.executable) -> Path:
@@ -162,10 +152,10 @@ def kxlb_image(project: Path, out: Path | None = None, ref: str = KXLB_IMAGE) ->
     extensions = [p for p in site.rglob("*.so*") if p.is_file()]
     base += [e for e in images.with_libraries(extensions, set(seen)) if not e.path.startswith(str(site))]
     seen.update("/" + e.name for e in base)
-    base += _host_files(debian, seen)
+    base += _host_files(((str(f), f) for f in debian), seen)
     base += [Entry("/usr/bin/python3", link="python3.11")] if "/usr/bin/python3" not in seen else []
     # Layer 2, the project: pip's install, and the `kxlb` command the DaemonSet runs.
-    app = _tree(site, SITE, seen) + [Entry("/usr/local/bin/kxlb", data=KXLB_ENTRYPOINT, mode=0o755)]
+    app = _host_files(_tree(site, SITE), seen) + [Entry("/usr/local/bin/kxlb", data=KXLB_ENTRYPOINT, mode=0o755)]
     layout = out / "build" / f"kxlb-{key}"
     images.write_layout(layout, ref, [images.layer_tar(base), images.layer_tar(app)],
                         ImageConfig(labels={"org.opencontainers.image.source": "kxlb", "kxlb.project-key": key}))
@@ -195,7 +185,7 @@ def kube_proxy_image(kube_proxy: Path, version: str, out: Path | None = None) ->
         return ref, archive
     out.mkdir(parents=True, exist_ok=True)
     base = images.userland_entries(extra=tools)
-    base += _host_files(xt, {"/" + e.name for e in base})
+    base += _host_files(((str(f), f) for f in xt), {"/" + e.name for e in base})
     # The iptables names as Debian's alternatives point them, one set per backend; the
     # plain names are the nf_tables backend, as in upstream's image (the lab's legacy
     # mode, like kind's iptables-wrapper, is chosen per node by the lab, not here).
