@@ -34,6 +34,7 @@ lab by its prefix, also after a crash.
 """
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import signal
@@ -362,26 +363,44 @@ class Topology:
 
 
 def kill_cgroup(path: str, timeout: float = 5.0) -> None:
-    """Kill every process in cgroup *path* and its children, then remove the dirs."""
-    for root, dirs, _ in os.walk(path, topdown=False):
-        procs = Path(root) / "cgroup.procs"
-        deadline = time.monotonic() + timeout
-        while True:
+    """Kill every process in cgroup *path* and its children, then remove the dirs.
+
+    On cgroup2 ``cgroup.kill`` kills the whole subtree at once, forks in flight
+    included, so a kubelet or containerd in the node's cgroup cannot start a
+    container in a pod cgroup already emptied. A killed task leaves
+    cgroup.procs before its cgroup stops being busy, and rmdir says EBUSY until
+    then: each pass kills what is listed and removes what it can, bottom up, and
+    passes repeat until the tree is gone or *timeout* runs out.
+    """
+    deadline = time.monotonic() + timeout
+    while os.path.isdir(path):
+        try:
+            (Path(path) / "cgroup.kill").write_text("1")
+        except FileNotFoundError:
+            pass  # a v1 hierarchy, or a kernel before 5.14: SIGKILL below
+        busy: list[tuple[str, list[int]]] = []
+        for root, _dirs, _files in os.walk(path, topdown=False):
             try:
-                pids = [int(p) for p in procs.read_text().split()]
+                pids = [int(p) for p in (Path(root) / "cgroup.procs").read_text().split()]
             except FileNotFoundError:
-                pids = []
-            if not pids:
-                break
+                continue  # removed meanwhile
             for pid in pids:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            if time.monotonic() > deadline:
-                raise LabNetError(f"processes {pids} in cgroup {root} survive SIGKILL")
-            time.sleep(0.05)
-        try:
-            os.rmdir(root)
-        except FileNotFoundError:
-            pass
+            try:
+                os.rmdir(root)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    raise
+                busy.append((root, pids))
+        if not busy:
+            return
+        if time.monotonic() > deadline:
+            root, pids = busy[0]
+            what = f"processes {pids} survive SIGKILL" if pids else "stays busy"
+            raise LabNetError(f"cgroup {root}: {what} after {timeout:.0f}s")
+        time.sleep(0.05)
