@@ -374,10 +374,12 @@ def kill_cgroup(path: str, timeout: float = 5.0) -> None:
     """
     deadline = time.monotonic() + timeout
     while os.path.isdir(path):
-        try:
-            (Path(path) / "cgroup.kill").write_text("1")
-        except FileNotFoundError:
-            pass  # a v1 hierarchy, or a kernel before 5.14: SIGKILL below
+        kill = Path(path) / "cgroup.kill"
+        if kill.exists():  # not in v1 hierarchies, nor before Linux 5.14: SIGKILL below
+            try:
+                kill.write_text("1")
+            except FileNotFoundError:
+                pass  # removed meanwhile
         busy: list[tuple[str, list[int]]] = []
         for root, _dirs, _files in os.walk(path, topdown=False):
             try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import subprocess
 import time
 
+import pytest
+
 from kxlb.lab.procs import alive, group_members, proc_stat, stop
 
 
@@ -21,7 +23,8 @@ def test_stopping_a_leader_stops_what_it_forked():
     assert group_members(leader.pid) == []
 
 
-def test_kill_cgroup_removes_a_tree_while_a_supervisor_refills_it():
+@pytest.mark.parametrize("hierarchy", ["unified", "cpu"])  # cgroup2 (cgroup.kill) and a v1 one
+def test_kill_cgroup_removes_a_tree_while_a_supervisor_refills_it(hierarchy):
     """A node's cgroup holds its kubelet and nested pod cgroups. Killed pods get
     restarted by the supervisor still running above them, so killing leaf by leaf
     races it (CI once failed on EBUSY that way); kill_cgroup must win: every process
@@ -32,8 +35,8 @@ def test_kill_cgroup_removes_a_tree_while_a_supervisor_refills_it():
 
     from kxlb.lab.nodes import kill_cgroup
 
-    root = Path("/sys/fs/cgroup/unified")
-    assert (root / "cgroup.procs").exists(), "no cgroup2 hierarchy at /sys/fs/cgroup/unified"
+    root = Path("/sys/fs/cgroup") / hierarchy
+    assert (root / "cgroup.procs").exists(), f"no cgroup hierarchy at {root}"
     top = root / f"kxt-kill-{uuid.uuid4().hex[:8]}"
     leaves = [top / "kubepods" / f"pod{i}" / "ctr" for i in range(3)]
     for leaf in leaves:
