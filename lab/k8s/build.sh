@@ -21,6 +21,9 @@
 #   e2e.test
 #       `go test -c` of ./e2e: the network tests of k8s.io/kubernetes/test/e2e at the
 #       same release, with the upstream framework (lab/e2e.py runs it)
+#   ginkgo
+#       the ginkgo CLI at the version e2e.test links: it runs e2e.test's specs in
+#       parallel processes, as upstream's hack/ginkgo-e2e.sh does
 #
 # The binaries go to a cache OUTSIDE the checkout, keyed by the versions:
 #   ${KXLB_CACHE:-/var/cache/kxlb}/k8s/<k8s-version>-<etcd-version>/bin/
@@ -90,7 +93,7 @@ elif [[ $target == e2e ]]; then
     # Keyed by the suite's own source too: a change to ./e2e is a new binary.
     KEY="${K8S_VERSION}-$(cat "$HERE"/e2e/*.go "$HERE/go.sum" | sha256sum | cut -c1-12)"
     OUT="$CACHE_ROOT/e2e/$KEY"
-    BINS=(e2e.test)
+    BINS=(e2e.test ginkgo)
 else
     KEY="${K8S_VERSION}-${ETCD_VERSION}"
     OUT="$CACHE_ROOT/k8s/$KEY"
@@ -168,6 +171,7 @@ if [[ $target == e2e ]]; then
         cd "$HERE"
         "$GO" test -c -p "$P" -trimpath -tags selinux,grpcnotrace \
             -ldflags "${ld[*]}" -o "$STAGE/e2e.test" ./e2e
+        "$GO" build -p "$P" -trimpath -o "$STAGE/ginkgo" github.com/onsi/ginkgo/v2/ginkgo
     )
     echo "build.sh: e2e.test done after $(( $(date +%s) - start ))s" >&2
     got="$("$STAGE/e2e.test" --version 2>&1 || true)"
