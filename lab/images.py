@@ -197,8 +197,9 @@ BUSYBOX = Path("/bin/busybox")   # Debian's busybox-static
 CURL = Path("/usr/bin/curl")
 # What the e2e tests run in agnhost beyond busybox, as upstream's image installs it
 # (alpine's bind-tools curl netcat-openbsd iproute2 bash socat): the tests call nc with
-# OpenBSD's flags (-v -t -u -z), dig, socat and ip.
-E2E_TOOLS = tuple(Path(p) for p in ("/usr/bin/curl", "/usr/bin/nc.openbsd", "/usr/bin/socat", "/usr/bin/dig",
+# OpenBSD's flags (-v -t -u -z), dig, socat and ip; and `wget -q -O - -T 1`, which
+# Debian's busybox 1.35 answers with a segfault (its -T), so wget is GNU wget.
+E2E_TOOLS = tuple(Path(p) for p in ("/usr/bin/curl", "/usr/bin/wget", "/usr/bin/nc.openbsd", "/usr/bin/socat", "/usr/bin/dig",
                                     "/usr/bin/nslookup", "/usr/bin/host", "/usr/bin/ip", "/usr/bin/bash"))
 # sh is bash: Debian's busybox-static runs its own applets before PATH (FEATURE_SH_STANDALONE),
 # so its ash would run busybox's nc whatever PATH says.

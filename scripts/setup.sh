@@ -16,7 +16,7 @@ APT_PKGS=(bpfcc-tools python3-bpfcc libbpfcc bpftool clang llvm linux-headers-am
           ruby   # ruby: syntax check of vagrant/Vagrantfile (Vagrant itself cannot run here)
           libbpf1  # libbpf.so.1: loader/bpfsys.py and the Katran anchor of `make bench` (with bpftool)
           libc6-dev umoci runc  # the lab's images (lab/images.py): static pause; umoci and runc check them
-          busybox-static curl netcat-openbsd socat dnsutils)  # the e2e images' userland (lab/images.py)
+          busybox-static curl wget netcat-openbsd socat dnsutils)  # the e2e images' userland (lab/images.py)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

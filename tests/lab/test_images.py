@@ -92,3 +92,46 @@ def test_pause_image_unpacks_with_umoci_and_runs_under_runc(tmp_path, container_
     while state() == "running" and time.monotonic() < deadline:
         time.sleep(0.05)
     assert state() == "stopped", "pause did not end on SIGTERM"
+
+
+def test_agnhost_userland_runs_the_commands_the_e2e_specs_exec(tmp_path):
+    """The e2e specs exec these in agnhost pods and read their output; each must work in
+    the image's own userland (chroot into the unpacked layer), against a server on this
+    host's loopback. `wget -T` is the one Debian's busybox crashed on."""
+    import http.server
+    import threading
+
+    root = tmp_path / "rootfs"
+    with tarfile.open(fileobj=io.BytesIO(layer_tar(images.userland_entries(
+            extra=images.E2E_TOOLS, aliases=images.E2E_ALIASES)))) as t:
+        t.extractall(root)  # our own layer: rooted, no links out (test_layers_are_reproducible...)
+
+    class Hostname(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"backend-pod-1")
+
+        def log_message(self, *_):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hostname)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/hostname"
+    try:
+        def sh(cmd: str) -> subprocess.CompletedProcess:
+            return subprocess.run(["chroot", str(root), "/bin/sh", "-c", cmd], capture_output=True,
+                                  text=True, timeout=30)
+
+        for cmd in (f"wget -q -O - -T 1 {url}", f"curl -q -s --connect-timeout 1 {url}"):
+            r = sh(cmd)
+            assert (r.returncode, r.stdout) == (0, "backend-pod-1"), f"{cmd}: {r}"
+        r = sh(f"echo hostName | nc -v -t -w 2 127.0.0.1 {server.server_port}")
+        assert r.returncode == 0 and "succeeded" in r.stderr and "Bad request" in r.stdout, r
+        # a refused connection is an error with nothing on stdout (the specs count hostnames)
+        server.shutdown()
+        server.server_close()
+        r = sh(f"wget -q -O - -T 1 {url}")
+        assert r.returncode != 0 and r.stdout == "", r
+    finally:
+        server.server_close()
