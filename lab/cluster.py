@@ -127,10 +127,40 @@ class Lab:
 
     @property
     def controlplane(self) -> ControlPlane:
+        extra = {cpmod.APISERVER: [f"--egress-selector-config-file={self.egress_selector}"]} if self.kubelet else {}
         return ControlPlane(self.workdir, self._bin_dir, ports=Ports().shifted(self.port_offset),
                             advertise_address=self.advertise_address, iface=self.api_iface,
-                            service_cidr=SERVICE_CIDRS,
+                            service_cidr=SERVICE_CIDRS, extra_args=extra,
                             log=lambda m: self.log(f"controlplane: {m}"))
+
+    # The API server's way into a kubelet lab, as a konnectivity server is on a cluster
+    # whose control plane is off the pod network: its "cluster" traffic (kubelets for
+    # exec, logs, port-forward; pods and Services for the proxy subresources) goes as
+    # HTTP CONNECT to a unix socket, where the relay dials from the first node's
+    # namespace, which routes to every node and pod. Nothing of the lab is routed
+    # to the host for it.
+    @property
+    def egress_socket(self) -> Path:
+        return self.workdir / "relay" / "cluster.sock"
+
+    @property
+    def egress_selector(self) -> Path:
+        return self.workdir / "egress-selector.yaml"
+
+    def _write_egress_selector(self) -> None:
+        if len(str(self.egress_socket)) > 100:  # sun_path holds 108 bytes
+            raise LabError(f"workdir {self.workdir}: too long for the unix socket {self.egress_socket}")
+        self.egress_socket.parent.mkdir(parents=True, exist_ok=True)
+        self.egress_selector.write_text(
+            "apiVersion: apiserver.k8s.io/v1beta1\n"
+            "kind: EgressSelectorConfiguration\n"
+            "egressSelections:\n"
+            "- name: cluster\n"
+            "  connection:\n"
+            "    proxyProtocol: HTTPConnect\n"
+            "    transport:\n"
+            "      uds:\n"
+            f"        udsName: {self.egress_socket}\n")
 
     @property
     def bin_dir(self) -> Path:
@@ -296,6 +326,8 @@ class Lab:
         k8s_version = subprocess.run([str(self.bin_dir / "kube-apiserver"), "--version"], capture_output=True,
                                      text=True).stdout.split()[-1]
         self._write_state({"proxy": "none", "k8s_version": k8s_version, "state": "up"})
+        if self.kubelet:
+            self._write_egress_selector()
         try:
             self.controlplane.up()
         except ControlPlaneError as exc:
@@ -432,8 +464,7 @@ class Lab:
     # ---- real-kubelet nodes ----------------------------------------------------------------------
     def kubelet_node(self, n: NodeSpec) -> kubelet.KubeletNode:
         return kubelet.KubeletNode(self.workdir, n, node_bin=self.node_bin_dir,
-                                   cgroup2_root=self.topology.cgroup_root, api_port=self.api_port,
-                                   port_offset=self.port_offset)
+                                   cgroup2_root=self.topology.cgroup_root, api_port=self.api_port)
 
     @property
     def node_bin_dir(self) -> Path:
@@ -456,15 +487,14 @@ class Lab:
         maps = []
         api = f"-/127.0.0.1:{self.api_port}"
         for n, kn in nodes:
-            cp.add_local_address(n.ip)
             # The API server's advertise address (the `kubernetes` Service's endpoint) is a
             # local address of every node too, relayed like 127.0.0.1: pods reach the API
             # server through the Service, as on a cluster whose nodes route to it.
             nodes_mod.ip_batch(n.netns, [f"addr add {self.advertise_address}/32 dev lo"])
             maps += [f"{n.netns}/127.0.0.1:{self.api_port}={api}",
-                     f"{n.netns}/{self.advertise_address}:{self.api_port}={api}",
-                     f"-/{n.ip}:{kn.kubelet_port}={n.netns}/{n.ip}:{kn.kubelet_port}"]
-        self._spawn("relay", [sys.executable, "-m", "kxlb.lab.relay", *(f"--map={m}" for m in maps)], "relay")
+                     f"{n.netns}/{self.advertise_address}:{self.api_port}={api}"]
+        self._spawn("relay", [sys.executable, "-m", "kxlb.lab.relay", *(f"--map={m}" for m in maps),
+                              f"--connect={self.egress_socket}={self.node_specs[0].netns}"], "relay")
         self._create_nodes([kn.node_object() for _, kn in nodes])
         for n, kn in nodes:
             kn.prepare(ca, sys.executable)

@@ -592,11 +592,6 @@ class ControlPlane:
         self._ip("addr", "add", f"{self.advertise_address}/32", "dev", name)
         self._ip("link", "set", name, "up")
 
-    def add_local_address(self, address: str) -> None:
-        """One more local address on the control plane's interface: what the API server
-        dials to reach a kubelet (``lab/relay.py`` listens there). Idempotent."""
-        self._ip("addr", "replace", f"{address}/32", "dev", self.iface)
-
     def _iface_down(self) -> None:
         # Only a workdir with a state file can have made the interface (the state is
         # written before it): a down() on some other, empty workdir must not remove

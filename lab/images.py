@@ -298,6 +298,17 @@ def busybox_image(out_dir: Path, ref: str = BUSYBOX_IMAGE) -> tuple[Path, str]:
     return layout, write_layout(layout, ref, [layer_tar(userland_entries(extra=()))], ImageConfig(cmd=("sh",)))
 
 
+# The conntrack spec's image (test/images/regression-issue-74839): the static binary alone
+# (upstream puts it on debian-base; it runs nothing else).
+REGRESSION_74839_IMAGE = "registry.k8s.io/e2e-test-images/regression-issue-74839:1.5"
+
+
+def regression_74839_image(out_dir: Path, binary: Path, ref: str = REGRESSION_74839_IMAGE) -> tuple[Path, str]:
+    layout = out_dir / "regression-issue-74839"
+    return layout, write_layout(layout, ref, [layer_tar([Entry("/regression-issue-74839", source=binary, mode=0o755)])],
+                                ImageConfig(entrypoint=("/regression-issue-74839",)))
+
+
 # ---- CoreDNS --------------------------------------------------------------------------------
 COREDNS_IMAGE = "registry.k8s.io/coredns/coredns:v1.15.0"   # lab/addons/coredns.yaml names it
 

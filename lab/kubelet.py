@@ -23,8 +23,9 @@ Facts this follows: ``../shared/reference/real-kubelet-lab.md``.
 
 What crosses between the node and the host goes through ``lab/relay.py``: the kubelet
 reaches the API server at ``127.0.0.1:<api port>`` in the node's namespace, and the
-API server reaches the kubelet at the node's InternalIP, which is also a local address
-on the control plane's dummy interface in the host.
+API server reaches kubelets and pods through its egress selector: its "cluster"
+traffic is HTTP CONNECT on a unix socket, which the relay dials from the first node's
+namespace (``Lab.egress_selector``).
 
 Images: no registry is reachable. pause and agnhost are built by ``lab/images.py`` and
 imported into every node's containerd (``ctr images import``) under the names the e2e
@@ -106,7 +107,9 @@ class NodeImages:
                           (images.AGNHOST_IMAGE, lambda: images.agnhost_image(out_dir, node_bin / "agnhost")),
                           (images.COREDNS_IMAGE, lambda: images.coredns_image(out_dir, node_bin / "coredns")),
                           (images.GLIBC_DNS_TESTING_IMAGE, lambda: images.dns_testing_image(out_dir)),
-                          (images.BUSYBOX_IMAGE, lambda: images.busybox_image(out_dir))):
+                          (images.BUSYBOX_IMAGE, lambda: images.busybox_image(out_dir)),
+                          (images.REGRESSION_74839_IMAGE, lambda: images.regression_74839_image(
+                              out_dir, node_bin / "regression-issue-74839"))):
             layout, digest = make()
             archive = out_dir / f"{digest.split(':', 1)[1][:16]}.tar"
             if not archive.exists():
@@ -119,11 +122,11 @@ class KubeletNode:
     """One real-kubelet node: its files, its daemons' command lines, their health."""
 
     def __init__(self, workdir: Path, node: NodeSpec, *, node_bin: Path, cgroup2_root: str,
-                 api_port: int, port_offset: int = 0, log: Optional[Callable[[str], None]] = None):
+                 api_port: int, log: Optional[Callable[[str], None]] = None):
         self.node, self.node_bin, self.api_port = node, node_bin, api_port
-        # Shifted like the control plane's ports: the relay of a second lab listens on
-        # the same node addresses in the host.
-        self.kubelet_port = KUBELET_PORT + port_offset
+        # The upstream port: the API server reaches it from inside the lab (its egress
+        # proxy dials from a node's namespace), so two labs never share a listener.
+        self.kubelet_port = KUBELET_PORT
         self.dir = Path(workdir) / "nodes" / node.name
         self.cgroup_parent = "/" + os.path.relpath(node.cgroup, cgroup2_root)
         self.log = log or (lambda m: None)

@@ -7,17 +7,17 @@ kinds of connection still have to cross, as they would between machines:
 - a node's host-network processes to the API server: ``127.0.0.1:<api port>`` inside
   the node's namespace -> the host's ``127.0.0.1:<api port>`` (the pod agent runs one
   such relay; a real-kubelet node one per node);
-- the API server to a kubelet (``exec``, ``logs``, ``port-forward``, ``proxy``): the
-  API server dials the Node's InternalIP. That address is also a local address on the
-  control plane's own interface in the host (a dummy: nothing is sent through it), so
-  the dial lands on a relay listening there, which connects to the kubelet inside the
-  node's namespace.
+- the API server to the cluster: a kubelet (``exec``, ``logs``, ``port-forward``) or a
+  pod (the ``pods/proxy`` and ``services/proxy`` subresources). The API server's
+  egress selector sends its "cluster" traffic as HTTP CONNECT over a unix socket (as it
+  would to a konnectivity server); the relay answers it by dialing the target from
+  inside a node's namespace, which routes to every node and pod.
 
 A relay is a listening socket made inside one namespace and an outgoing socket made
 inside another (a socket keeps the namespace it was created in), pumped by two
 threads per connection. Bytes are relayed unchanged (TLS end to end).
 
-    python -m kxlb.lab.relay --map NS/ADDR:PORT=NS/ADDR:PORT [--map ...]
+    python -m kxlb.lab.relay [--map NS/ADDR:PORT=NS/ADDR:PORT ...] [--connect SOCKET=NS ...]
 
 ``-`` as NS is the relay's own namespace.
 """
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import socket
 import sys
@@ -87,54 +88,149 @@ class TcpRelay:
                 log.debug("relay %s -> %s: %s", self.listen, self.target, exc)
                 conn.close()
                 continue
-            state = {"open": 2}
-            lock = threading.Lock()
-            for a, b in ((conn, up), (up, conn)):
-                threading.Thread(target=self._pump, args=(a, b, conn, up, state, lock), daemon=True).start()
-
-    @staticmethod
-    def _pump(src, dst, c1, c2, state, lock) -> None:
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                dst.sendall(data)
-            dst.shutdown(socket.SHUT_WR)
-        except OSError:
-            for s in (c1, c2):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-        with lock:
-            state["open"] -= 1
-            last = state["open"] == 0
-        if last:
-            c1.close()
-            c2.close()
+            splice(conn, up)
 
     def close(self) -> None:
         self.sock.close()
 
 
+class ConnectProxy:
+    """An HTTP CONNECT proxy on a unix socket that dials from inside namespace *netns*:
+    the API server's egress for "cluster" traffic (EgressSelectorConfiguration,
+    proxyProtocol HTTPConnect, transport uds). One request per connection: the
+    ``CONNECT host:port`` line, headers, an empty line; then the tunnel."""
+
+    MAX_HEADER = 16384
+
+    def __init__(self, path: str, netns: Optional[str], connect_timeout: float = 5.0):
+        self.path, self.netns, self.connect_timeout = path, netns, connect_timeout
+        try:
+            os.unlink(path)  # a stale socket of a crashed relay
+        except FileNotFoundError:
+            pass
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        os.chmod(path, 0o600)
+        self.sock.listen(256)
+        threading.Thread(target=self._accept, daemon=True, name=f"connect {path}").start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.settimeout(self.connect_timeout)
+        up = None
+        try:
+            head, rest = self._read_head(conn)
+            target = self.parse_request(head)
+            up = Endpoint(self.netns, *target).socket()
+            up.settimeout(self.connect_timeout)
+            up.connect(target)
+            up.settimeout(None)
+        except (OSError, ValueError) as exc:
+            log.info("CONNECT refused (%s)", exc)
+            if up is not None:
+                up.close()
+            try:
+                conn.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+            except OSError:
+                pass
+            conn.close()
+            return
+        conn.settimeout(None)
+        conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        if rest:
+            up.sendall(rest)
+        splice(conn, up)
+
+    def _read_head(self, conn: socket.socket) -> tuple[bytes, bytes]:
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            if len(buf) > self.MAX_HEADER:
+                raise ValueError("request header too long")
+            data = conn.recv(4096)
+            if not data:
+                raise ValueError("closed before the end of the request")
+            buf += data
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        return head, rest
+
+    @staticmethod
+    def parse_request(head: bytes) -> tuple[str, int]:
+        """(host, port) of a ``CONNECT host:port HTTP/1.x`` request; ValueError otherwise."""
+        line = head.split(b"\r\n", 1)[0].decode("ascii", "replace")
+        parts = line.split()
+        if len(parts) != 3 or parts[0] != "CONNECT" or not parts[2].startswith("HTTP/1."):
+            raise ValueError(f"not a CONNECT request: {line!r}")
+        host, colon, port = parts[1].rpartition(":")
+        if not colon or not port.isdigit() or not 0 < int(port) < 65536 or not host:
+            raise ValueError(f"bad CONNECT target {parts[1]!r}")
+        return host.strip("[]"), int(port)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def splice(c1: socket.socket, c2: socket.socket) -> None:
+    """Pump bytes both ways between two connected sockets, one thread per direction;
+    both close when both directions are done."""
+    state = {"open": 2}
+    lock = threading.Lock()
+    for a, b in ((c1, c2), (c2, c1)):
+        threading.Thread(target=_pump, args=(a, b, c1, c2, state, lock), daemon=True).start()
+
+
+def _pump(src, dst, c1, c2, state, lock) -> None:
+    try:
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            dst.sendall(data)
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        for s in (c1, c2):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+    with lock:
+        state["open"] -= 1
+        last = state["open"] == 0
+    if last:
+        c1.close()
+        c2.close()
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kxlb.lab.relay", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--map", action="append", required=True, metavar="NS/ADDR:PORT=NS/ADDR:PORT",
+    ap.add_argument("--map", action="append", default=[], metavar="NS/ADDR:PORT=NS/ADDR:PORT",
                     help="listen on the left, connect to the right (NS '-': this namespace)")
+    ap.add_argument("--connect", action="append", default=[], metavar="SOCKET=NS",
+                    help="an HTTP CONNECT proxy on unix socket SOCKET that dials from namespace NS")
     a = ap.parse_args(argv)
+    if not a.map and not a.connect:
+        ap.error("nothing to relay: give --map or --connect")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    relays = []
-    for m in a.map:
+    relays: list = []
+    for opt, m in [("--map", m) for m in a.map] + [("--connect", m) for m in a.connect]:
         left, eq, right = m.partition("=")
         try:
-            if not eq:
-                raise ValueError(f"bad --map {m!r}: want LISTEN=TARGET")
-            relays.append(TcpRelay(Endpoint.parse(left), Endpoint.parse(right)))
+            if not eq or not left or not right:
+                raise ValueError(f"bad {opt} {m!r}: want " + ("LISTEN=TARGET" if opt == "--map" else "SOCKET=NS"))
+            if opt == "--map":
+                relays.append(TcpRelay(Endpoint.parse(left), Endpoint.parse(right)))
+            else:
+                relays.append(ConnectProxy(left, None if right == "-" else right))
         except (ValueError, OSError) as exc:
             print(f"relay: {m}: {exc}", file=sys.stderr)
             return 2
-        log.info("relaying %s -> %s", left, right)
+        log.info("relaying %s -> %s%s", left, right, " (HTTP CONNECT)" if opt == "--connect" else "")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -10,9 +10,10 @@
 #       from go.etcd.io/etcd/server/v3 (separate module in ./etcd, so its
 #       dependency graph does not fight with Kubernetes')
 # Real-kubelet nodes (--node):
-#   kubelet agnhost
+#   kubelet agnhost regression-issue-74839
 #       from the same k8s.io/kubernetes module (agnhost is the e2e tests' image
-#       binary, test/images/agnhost)
+#       binary, test/images/agnhost; regression-issue-74839 the conntrack spec's
+#       sender of an out-of-window packet)
 #   containerd containerd-shim-runc-v2 ctr
 #       from github.com/containerd/containerd/v2 (module in ./containerd)
 #   coredns
@@ -50,7 +51,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl)
 ETCD_BINS=(etcd)
-NODE_K8S_BINS=(kubelet agnhost)
+NODE_K8S_BINS=(kubelet agnhost regression-issue-74839)
 CONTAINERD_BINS=(containerd containerd-shim-runc-v2 ctr)
 COREDNS_BINS=(coredns)
 
@@ -182,7 +183,8 @@ if [[ $target == e2e ]]; then
 fi
 pkgs=()
 if [[ $target == node ]]; then
-    pkgs=(k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/test/images/agnhost)
+    pkgs=(k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/test/images/agnhost
+          k8s.io/kubernetes/test/images/regression-issue-74839)
 elif [[ $target == control ]]; then
     for b in "${K8S_BINS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
 fi
