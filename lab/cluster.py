@@ -598,22 +598,17 @@ class Lab:
         self.kubectl("apply", "-f", str(manifest))
         self._write_state({"proxy": mode})
         deadline = time.monotonic() + timeout
-        pending = list(self.node_specs)
-        detail = ""
-        while pending:
-            ok, detail = proxies.daemonset_health(mode, pending[0])
-            if ok:
-                pending.pop(0)
-                continue
-            if time.monotonic() > deadline:
-                pods = self.kubectl("get", "pods", "-n", "kube-system", "-o", "wide", check=False).stdout
-                logs = self.kubectl("logs", "-n", "kube-system", f"daemonset/{proxies.daemonset_name(mode)}",
-                                    "--tail=20", check=False)
-                self._stop_proxies()
-                self._write_state({"proxy": "none"})
-                raise LabError(f"{mode} on {pending[0].name} not healthy after {timeout:.0f}s ({detail}); "
-                               f"pods:\n{pods}\nlogs:\n{logs.stdout or logs.stderr}")
-            time.sleep(0.5)
+
+        def failure(n: NodeSpec, why: str) -> LabError:
+            pods = self.kubectl("get", "pods", "-n", "kube-system", "-o", "wide", check=False).stdout
+            logs = self.kubectl("logs", "-n", "kube-system", f"daemonset/{proxies.daemonset_name(mode)}",
+                                "--tail=20", check=False)
+            self._stop_proxies()
+            self._write_state({"proxy": "none"})
+            return LabError(f"{mode} on {n.name} not healthy after {timeout:.0f}s ({why}); "
+                            f"pods:\n{pods}\nlogs:\n{logs.stdout or logs.stderr}")
+
+        self._wait_healthy(lambda n: proxies.daemonset_health(mode, n), timeout, failure)
         # And Ready in the API (the readiness probe's next period), for whoever reads it next.
         left = max(10.0, deadline - time.monotonic())
         self.kubectl("-n", "kube-system", "rollout", "status", f"daemonset/{proxies.daemonset_name(mode)}",
@@ -628,24 +623,34 @@ class Lab:
         return int(info["pid"]) if info else None
 
     def _wait_proxies(self, mode: str, timeout: float) -> None:
+        def log_of(name: str) -> Path:
+            return self.workdir / "logs" / f"{proxies.log_name(mode, name)}.log"
+
+        def check(n: NodeSpec) -> tuple[bool, str]:
+            if not self._read_pid(f"proxy-{n.name}"):
+                raise LabError(f"{mode} on {n.name} exited; log {log_of(n.name)}:\n{procs.tail(log_of(n.name))}")
+            return proxies.health(mode, n, self.port_offset)
+
+        def failure(n: NodeSpec, why: str) -> LabError:
+            return LabError(f"{mode} on {n.name} not healthy after {timeout:.0f}s ({why}); "
+                            f"log {log_of(n.name)}:\n{procs.tail(log_of(n.name))}")
+
+        self._wait_healthy(check, timeout, failure)
+
+    def _wait_healthy(self, check: Callable[[NodeSpec], tuple[bool, str]], timeout: float,
+                      failure: Callable[[NodeSpec, str], LabError]) -> None:
+        """Poll ``check(node)`` -> (healthy?, why not) until every node is healthy; past
+        *timeout* raise ``failure(node, why)``. Whatever the proxy runs as."""
         deadline = time.monotonic() + timeout
-        pending = {n.name: n for n in self.node_specs}
-        detail = {}
+        pending = list(self.node_specs)
         while pending:
-            for name, n in list(pending.items()):
-                if not self._read_pid(f"proxy-{name}"):
-                    logp = self.workdir / "logs" / f"{proxies.log_name(mode, name)}.log"
-                    raise LabError(f"{mode} on {name} exited; log {logp}:\n{procs.tail(logp)}")
-                ok, detail[name] = proxies.health(mode, n, self.port_offset)
-                if ok:
-                    del pending[name]
-            if pending and time.monotonic() > deadline:
-                name = next(iter(pending))
-                logp = self.workdir / "logs" / f"{proxies.log_name(mode, name)}.log"
-                raise LabError(f"{mode} on {name} not healthy after {timeout:.0f}s ({detail[name]}); "
-                               f"log {logp}:\n{procs.tail(logp)}")
-            if pending:
-                time.sleep(0.3)
+            ok, why = check(pending[0])
+            if ok:
+                pending.pop(0)
+                continue
+            if time.monotonic() > deadline:
+                raise failure(pending[0], why)
+            time.sleep(0.3)
 
     def _stop_proxies(self) -> None:
         """Stop proxy processes (with what they forked) and remove what they left in the nodes."""

@@ -78,13 +78,15 @@ def kube_proxy_argv(n: NodeSpec, mode: str, port_offset: int, kubeconfig: Path, 
 
 def health(mode: str, n: NodeSpec, port_offset: int) -> tuple[bool, str]:
     """Is *mode* ready on node *n* (kxlb: /readyz; kube-proxy: /healthz)? And why not."""
+    if PROXY_MODES[mode].kind == "kxlb":  # the controller serves on the host's loopback
+        return probe(CONTROLLER_METRICS_BASE + port_offset + n.index, "/readyz")
+    return probe(KUBE_PROXY_HEALTHZ_BASE + port_offset + n.index, "/healthz", n.netns)
+
+
+def probe(port: int, path: str, ns: Optional[str] = None) -> tuple[bool, str]:
+    """GET 127.0.0.1:*port* *path* in namespace *ns*: (200?, what it said or why not)."""
     try:
-        if PROXY_MODES[mode].kind == "kxlb":
-            port = CONTROLLER_METRICS_BASE + port_offset + n.index
-            code, body = http_get("127.0.0.1", port, "/readyz")
-        else:
-            port = KUBE_PROXY_HEALTHZ_BASE + port_offset + n.index
-            code, body = http_get("127.0.0.1", port, "/healthz", ns=n.netns)
+        code, body = http_get("127.0.0.1", port, path, ns=ns)
     except OSError as exc:
         return False, str(exc)
     return code == 200, f"HTTP {code} {body.strip()[:200]}"
@@ -226,10 +228,6 @@ def kube_proxy_daemonset(mode: str, *, image: str, api_host: str, api_port: int)
 def daemonset_health(mode: str, n: NodeSpec) -> tuple[bool, str]:
     """``health`` for the DaemonSet's pod on node *n*: the same endpoints, on the node's
     own ports."""
-    kxlb = PROXY_MODES[mode].kind == "kxlb"
-    port, path = (DS_METRICS_PORT, "/readyz") if kxlb else (DS_HEALTHZ_PORT, "/healthz")
-    try:
-        code, body = http_get("127.0.0.1", port, path, ns=n.netns)
-    except OSError as exc:
-        return False, str(exc)
-    return code == 200, f"HTTP {code} {body.strip()[:200]}"
+    if PROXY_MODES[mode].kind == "kxlb":
+        return probe(DS_METRICS_PORT, "/readyz", n.netns)
+    return probe(DS_HEALTHZ_PORT, "/healthz", n.netns)

@@ -62,7 +62,44 @@ class Endpoint:
             return socket.socket(family, socket.SOCK_STREAM)
 
 
-class TcpRelay:
+def dial(target: Endpoint, timeout: float) -> socket.socket:
+    """A TCP connection to *target*, made inside its namespace."""
+    up = target.socket()
+    try:
+        up.settimeout(timeout)
+        up.connect((target.host, target.port))
+        up.settimeout(None)
+    except OSError:
+        up.close()
+        raise
+    return up
+
+
+class _Server:
+    """Accept on ``self.sock`` until it closes; serve each connection in its own thread
+    (a slow dial holds up nobody else)."""
+
+    sock: socket.socket
+
+    def _start(self, name: str) -> None:
+        threading.Thread(target=self._accept, daemon=True, name=name).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class TcpRelay(_Server):
     """Accept on *listen*, connect to *target* for each connection, pump both ways."""
 
     def __init__(self, listen: Endpoint, target: Endpoint, connect_timeout: float = 5.0):
@@ -71,30 +108,19 @@ class TcpRelay:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((listen.host, listen.port))
         self.sock.listen(256)
-        threading.Thread(target=self._accept, daemon=True, name=f"relay {listen}").start()
+        self._start(f"relay {listen}")
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return  # closed
-            try:
-                up = self.target.socket()
-                up.settimeout(self.connect_timeout)
-                up.connect((self.target.host, self.target.port))
-                up.settimeout(None)
-            except OSError as exc:
-                log.debug("relay %s -> %s: %s", self.listen, self.target, exc)
-                conn.close()
-                continue
-            splice(conn, up)
-
-    def close(self) -> None:
-        self.sock.close()
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            up = dial(self.target, self.connect_timeout)
+        except OSError as exc:
+            log.debug("relay %s -> %s: %s", self.listen, self.target, exc)
+            conn.close()
+            return
+        splice(conn, up)
 
 
-class ConnectProxy:
+class ConnectProxy(_Server):
     """An HTTP CONNECT proxy on a unix socket that dials from inside namespace *netns*:
     the API server's egress for "cluster" traffic (EgressSelectorConfiguration,
     proxyProtocol HTTPConnect, transport uds). One request per connection: the
@@ -112,30 +138,15 @@ class ConnectProxy:
         self.sock.bind(path)
         os.chmod(path, 0o600)
         self.sock.listen(256)
-        threading.Thread(target=self._accept, daemon=True, name=f"connect {path}").start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+        self._start(f"connect {path}")
 
     def _serve(self, conn: socket.socket) -> None:
         conn.settimeout(self.connect_timeout)
-        up = None
         try:
             head, rest = self._read_head(conn)
-            target = self.parse_request(head)
-            up = Endpoint(self.netns, *target).socket()
-            up.settimeout(self.connect_timeout)
-            up.connect(target)
-            up.settimeout(None)
+            up = dial(Endpoint(self.netns, *self.parse_request(head)), self.connect_timeout)
         except (OSError, ValueError) as exc:
             log.info("CONNECT refused (%s)", exc)
-            if up is not None:
-                up.close()
             try:
                 conn.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
             except OSError:
@@ -171,9 +182,6 @@ class ConnectProxy:
         if not colon or not port.isdigit() or not 0 < int(port) < 65536 or not host:
             raise ValueError(f"bad CONNECT target {parts[1]!r}")
         return host.strip("[]"), int(port)
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def splice(c1: socket.socket, c2: socket.socket) -> None:
