@@ -103,7 +103,9 @@ def run_suite(lab: Lab, binary: Path, suite: Suite, report_dir: Path, *, procs: 
     report_dir.mkdir(parents=True, exist_ok=True)
     argv = [str(binary.parent / "ginkgo"), f"--procs={procs}", "--timeout=3h", "--no-color",
             "--succinct", f"--focus={suite.focus}", f"--skip={skip_regex()}", str(binary), "--",
-            "--provider=local", f"--kubeconfig={lab.kubeconfig}", f"--report-dir={report_dir}", *extra]
+            "--provider=local", f"--kubeconfig={lab.kubeconfig}", f"--report-dir={report_dir}",
+            # What a provider would say; without it the multi-node specs skip themselves.
+            f"--num-nodes={lab.nodes}", *extra]
     t = time.monotonic()
     with open(report_dir / "e2e.log", "w") as out:
         r = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, cwd=report_dir)
@@ -178,6 +180,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--workdir", default=str(DEFAULT_WORKDIR), help="the lab's work directory")
     ap.add_argument("--name", default="kxe2e", help="the lab's name (namespace prefix)")
     ap.add_argument("--port-offset", type=int, default=3400)
+    ap.add_argument("--nodes", type=int, default=3,
+                    help="lab nodes (default 3: the fewest every spec of the suites runs on)")
     ap.add_argument("--out", default=None, help="results directory (default: WORKDIR/results)")
     ap.add_argument("--markdown", default=None,
                     help="also put the table in this file, between the suite's markers (docs/e2e.md)")
@@ -190,7 +194,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     suite = SUITES[args.suite] if not args.focus else Suite(args.focus, "custom focus")
     out = Path(args.out or Path(args.workdir) / "results")
     binary = e2e_binary()
-    lab = Lab(args.workdir, name=args.name, port_offset=args.port_offset, kubelet=True, proxy="none")
+    lab = Lab(args.workdir, name=args.name, nodes=args.nodes, port_offset=args.port_offset, kubelet=True,
+              proxy="none")
     results: dict[str, dict] = {}
     try:
         lab.up()

@@ -2,6 +2,8 @@
 parser is exercised on upstream's own report by tests/lab/test_kubelet_lab.py.)"""
 from __future__ import annotations
 
+import json
+
 from kxlb.lab import e2e
 
 
@@ -35,3 +37,17 @@ def test_write_table_replaces_only_its_suites_block(tmp_path):
     assert text.startswith("# prose\n") and text.endswith("end\n")
     e2e.write_table(tmp_path / "fresh.md", "services", "t\n")
     assert (tmp_path / "fresh.md").read_text() == "<!-- e2e:services:begin -->\nt\n<!-- e2e:services:end -->\n"
+
+
+def test_a_one_proxy_run_keeps_the_other_proxys_results_of_the_same_binary(tmp_path):
+    path = tmp_path / "services.json"
+    meta = {"binary": "/cache/e2e/v1.37.1-abc/bin/e2e.test"}
+    e2e_json = {"meta": meta, "results": RESULTS}
+    path.write_text(json.dumps(e2e_json))
+    rerun = {"kxlb": {"spec a": {"state": "passed", "reason": "", "seconds": 2.0}}}
+    merged = e2e.merge_earlier(path, rerun, meta)
+    assert list(merged) == ["kube-proxy", "kxlb"]
+    assert merged["kube-proxy"] == RESULTS["kube-proxy"] and merged["kxlb"] == rerun["kxlb"]
+    # another binary's results are not this run's: nothing is merged
+    assert e2e.merge_earlier(path, rerun, {"binary": "/cache/e2e/v1.37.1-def/bin/e2e.test"}) == rerun
+    assert e2e.merge_earlier(tmp_path / "none.json", rerun, meta) == rerun
