@@ -29,16 +29,15 @@ static __always_inline void KX_(frag_remember)(const struct KX_(pkt) *p, const s
 }
 
 /* Later fragment: no ports to look at; translate the address like its first fragment
- * did. One that overtook its first fragment is passed untouched (never corrupted). */
+ * did. One whose first fragment was not translated (not ours, or overtaken: the caller
+ * counts which) is passed untouched (never corrupted). */
 static __always_inline int KX_(frag_follow)(const struct KX_(pkt) *p, struct KX_(nat_plan) *n)
 {
 	struct KX_(frag_key) fk = {.saddr = p->saddr, .daddr = p->daddr, .id = p->ip_id, .proto = p->proto};
 	struct KX_(frag_value) *fv = KX_(frag_map).lookup(&fk);
 
-	if (!fv) {
-		stat_inc(KXLB_ST_FRAG_UNKNOWN);
+	if (!fv)
 		return LB_PASS;
-	}
 	KX_(nat_plan_init)(n, p); /* a later fragment: l4 = 0, addresses only */
 	n->saddr_new = fv->saddr;
 	n->daddr_new = fv->daddr;
@@ -178,8 +177,12 @@ static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len
 		return LB_PASS;
 	}
 	p->len = len;
-	if (!p->first_frag)
-		return KX_(frag_follow)(p, n);
+	if (!p->first_frag) {
+		if (KX_(frag_follow)(p, n) == LB_NAT)
+			return LB_NAT;
+		stat_inc(KXLB_ST_FRAG_UNKNOWN);
+		return LB_PASS;
+	}
 
 	if (p->proto == KX_IPPROTO_ICMP) {
 		now = ct_now();
@@ -292,24 +295,62 @@ static __always_inline int KX_(lb_tc)(struct __sk_buff *skb)
 	return TC_ACT_UNSPEC;
 }
 
-/* tc egress: ICMP errors this node generates about a translated flow leave through
- * here (e.g. "fragmentation needed" / "packet too big" when a client's translated
- * packet does not fit the backend's path): their quote shows the translated packet,
- * which the client never sent, so it is translated back (icmp_error_nat) or path MTU
- * discovery through a VIP would fail. Everything else goes on untouched. */
+/* A packet this node sends from its own address may be the reply of one of its
+ * host-network backends (a hostNetwork pod, a process of the node): a flow's packets
+ * were delivered to it locally, translated at ingress, and its replies start in the
+ * node's own stack, so no ingress hook sees them. The flow's REV entry translates them
+ * as step 3 of lb_process() would (backend:port -> front:port, to the client), and the
+ * datagram's later fragments follow its first. Only the node's own address can be such
+ * a source: every other packet costs one comparison. */
+static __always_inline int KX_(local_reply_plan)(const struct KX_(pkt) *p, struct KX_(nat_plan) *n)
+{
+	struct KX_(lb_config) *cfg = KX_(lb_config_get)();
+	struct KX_(ct_entry) *e;
+	struct KX_(ct_key) k;
+	__u64 now;
+
+	if (!cfg || !KX_EQ(p->saddr, *KX_(lb_node_addr)(cfg)))
+		return LB_PASS;
+	if (!p->first_frag)
+		return KX_(frag_follow)(p, n);
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		return LB_PASS;
+	KX_(ct_rev_key)(p->saddr, p->sport, p->daddr, p->dport, p->proto, &k);
+	e = KX_(ct_map).lookup(&k);
+	if (!e || !KX_EQ(e->backend_addr, p->saddr) || e->backend_port != p->sport)
+		return LB_PASS; /* not a reply: the node talking to the flow's source itself */
+	now = ct_now();
+	if (!KX_(ct_live)(e, p->proto, now))
+		return LB_PASS;
+	return KX_(ct_translate)(&k, e, p, now, n);
+}
+
+/* tc egress: what the node itself sends about translated flows.
+ *  - The replies of its host-network backends (local_reply_plan).
+ *  - ICMP errors it generates about a translated flow (e.g. "fragmentation needed" /
+ *    "packet too big" when a client's translated packet does not fit the backend's
+ *    path): their quote shows the translated packet, which the client never sent, so it
+ *    is translated back (icmp_error_nat) or path MTU discovery through a VIP would fail.
+ * Everything else goes on untouched. */
 static __always_inline int KX_(lb_tc_egress)(struct __sk_buff *skb)
 {
 	struct KX_(pkt) p = {};
+	struct KX_(nat_plan) n;
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 
-	if (KX_(parse_ip)(data, data_end, skb->len, &p) != PARSE_OK || p.proto != KX_IPPROTO_ICMP || p.frag)
+	if (KX_(parse_ip)(data, data_end, skb->len, &p) != PARSE_OK)
 		return TC_ACT_UNSPEC;
 	p.len = skb->len;
-	if (!KX_(icmp_error_nat)(data, data_end, &p, ct_now()))
+	if (p.proto == KX_IPPROTO_ICMP && p.first_frag) {
+		if (p.frag || !KX_(icmp_error_nat)(data, data_end, &p, ct_now()))
+			return TC_ACT_UNSPEC;
+		stat_inc(KXLB_ST_ICMP_NAT);
+		return TC_ACT_OK;
+	}
+	if (KX_(local_reply_plan)(&p, &n) != LB_NAT)
 		return TC_ACT_UNSPEC;
-	stat_inc(KXLB_ST_ICMP_NAT);
-	return TC_ACT_OK;
+	return KX_(nat_apply_tc)(skb, &n) < 0 ? TC_ACT_SHOT : TC_ACT_OK;
 }
 
 static __always_inline int KX_(lb_xdp)(struct xdp_md *ctx)

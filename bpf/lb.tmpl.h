@@ -22,9 +22,20 @@ struct KX_(lb_choice) {
 	kx_addr_t snat;     /* masquerade address, 0: keep the client's source */
 };
 
+/* The node's own address: the source its processes' flows have (source ranges see it),
+ * and the address of its host-network backends. */
+static __always_inline const kx_addr_t *KX_(lb_node_addr)(const struct KX_(lb_config) *cfg)
+{
+	return KX_ZERO(cfg->node_addr) ? &cfg->snat_addr : &cfg->node_addr;
+}
+
 /* The masquerade address for a new flow (0: none), kube-proxy's rules; see struct
  * lb_config (maps.h). Socket-level flows (origin node) never need one: the kernel picks the
- * source address after translation. */
+ * source address after translation. Nor does a flow to a host-network backend of this node:
+ * the packet is delivered locally, which under kube-proxy never reaches POSTROUTING (so is
+ * never masqueraded), and its replies leave through tc egress, where the flow's entry
+ * translates them (lb_tc_egress). Masqueraded to the node's own address instead, the
+ * reply would be addressed to the node itself and go through lo, past every hook. */
 static __always_inline int KX_(lb_masquerade_needed)(const struct KX_(lb_config) *cfg,
 						     const struct svc_value *sv,
 						     const struct KX_(lb_flow) *f,
@@ -32,6 +43,8 @@ static __always_inline int KX_(lb_masquerade_needed)(const struct KX_(lb_config)
 {
 	if (!cfg || KX_ZERO(cfg->snat_addr) || f->origin == KXLB_ORIGIN_NODE)
 		return 0;
+	if (KX_EQ(be->addr, *KX_(lb_node_addr)(cfg)))
+		return 0;                                       /* delivered locally */
 	if (KX_EQ(f->client, be->addr))
 		return 1;                                       /* hairpin */
 	if (sv->kind == KXLB_KIND_CLUSTER_IP)                   /* from outside the cluster */

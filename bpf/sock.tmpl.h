@@ -112,7 +112,7 @@ static __always_inline int KX_(sock_translate)(struct bpf_sock_addr *ctx, kx_add
 				 .hash = flow_hash((__u32)cookie, (__u32)(cookie >> 32), sk.port, KXLB_HASH_SEED)};
 
 	if (cfg)
-		f.client = KX_ZERO(cfg->node_addr) ? cfg->snat_addr : cfg->node_addr;
+		f.client = *KX_(lb_node_addr)(cfg);
 
 	switch (KX_(lb_decide)(&sk, &sv, &f, cfg, &c)) {
 	case LB_DEC_BACKEND:

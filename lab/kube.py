@@ -152,9 +152,11 @@ def scale_deployment(api, ns: str, name: str, replicas: int) -> None:
 
 
 def create_pod(api, ns: str, name: str, *, labels: Optional[dict] = None, ports: Optional[list] = None,
-               node_name: Optional[str] = None, grace: int = 2, annotations: Optional[dict] = None) -> dict:
+               node_name: Optional[str] = None, grace: int = 2, annotations: Optional[dict] = None,
+               host_network: bool = False) -> dict:
     """A bare echo pod (scheduled by the scheduler, or bound to *node_name* directly)."""
-    t = pod_template(labels or {"app": name}, ports, grace, node_name=None, spread=False, annotations=annotations)
+    t = pod_template(labels or {"app": name}, ports, grace, node_name=None, spread=False, annotations=annotations,
+                     host_network=host_network)
     if node_name:
         t["spec"]["nodeName"] = node_name
     body = {"apiVersion": "v1", "kind": "Pod", "metadata": {**t["metadata"], "name": name, "namespace": ns},

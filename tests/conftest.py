@@ -62,3 +62,11 @@ def hook(request, dp):
 
     datapath, _ = dp
     return Hook(request.param, datapath.tc_fd if request.param == "tc" else datapath.xdp_fd)
+
+
+@pytest.fixture
+def egress(dp):
+    """The tc egress program (what the node itself sends)."""
+    from harness import Hook
+
+    return Hook("tc", dp[0].tc_egress_fd)

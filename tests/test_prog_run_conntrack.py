@@ -223,12 +223,6 @@ def test_icmp_error_with_trailing_bytes_keeps_a_valid_checksum(hook: Hook, table
     assert int.from_bytes(inner_udp[2:4], "big") == PORT
 
 
-@pytest.fixture
-def egress(dp):
-    datapath, _ = dp
-    return Hook("tc", datapath.tc_egress_fd)
-
-
 def test_egress_translates_the_nodes_own_fragmentation_needed(hook: Hook, table, egress):
     """The node cannot forward a client's translated packet (MTU on the backend's path)
     and answers the client with fragmentation needed, quoting the packet as translated.

@@ -325,6 +325,27 @@ def test_an_ipv6_node_port_from_outside_is_masqueraded_to_the_nodes_ipv6_address
     assert (p[IPv6].src, p[TCP].sport, p[IPv6].dst, p[TCP].dport) == (NODE6, 30080, outside, 41000)
 
 
+def test_an_ipv6_host_network_endpoint_of_this_node_answers_through_egress(hook, table, egress):
+    """The node's own IPv6 address as an endpoint: not masqueraded, and the reply its
+    stack sends is translated at tc egress (IPv4: test_prog_run_service_types.py)."""
+    key = ServiceKey("fd00:96::51", PORT, 6)
+    table.put(LbService(key=key, cluster=(Backend(NODE6, 18080),), has_endpoints=True,
+                        frontends=(Frontend(ServiceKey(NODE6, 30081, 6), Kind.NODE_PORT),)))
+    table.set_config(DatapathConfig(snat_addrs=("10.0.0.1", NODE6), cluster_cidrs=("fd00:10::/32",),
+                                    service_cidrs=CONFIG.service_cidrs))
+    outside = "2001:db8:99::8"
+    verdict, out = hook.run(eth(IPv6(src=outside, dst=NODE6) / TCP(sport=41001, dport=30081, flags="S")))
+    assert verdict == hook.translated
+    p = assert_checksums6(out)
+    assert (p[IPv6].src, p[TCP].sport, p[IPv6].dst, p[TCP].dport) == (outside, 41001, NODE6, 18080)
+    verdict, out = egress.run(eth(IPv6(src=NODE6, dst=outside) / TCP(sport=18080, dport=41001, flags="SA")))
+    assert verdict == 0
+    p = assert_checksums6(out)
+    assert (p[IPv6].src, p[TCP].sport, p[IPv6].dst, p[TCP].dport) == (NODE6, 30081, outside, 41001)
+    frame = eth(IPv6(src=NODE6, dst=outside) / TCP(sport=22, dport=41001, flags="A"))
+    assert egress.run(frame) == (-1, bytes(frame))  # the node's other traffic: untouched
+
+
 def test_ipv6_source_ranges_admit_only_their_clients(hook, table):
     lb = "2001:db8::80"
     table.put(LbService(key=ServiceKey("fd00:96::60", PORT, 6), cluster=(Backend(BACKEND, BPORT),),

@@ -11,6 +11,8 @@ from dataclasses import replace
 
 import pytest
 
+from scapy.layers.inet import fragment
+
 from harness import clean_table, ICMP, IP, TCP, UDP, Ether, assert_checksums, eth
 from kxlb.loader.errors import KxlbError
 from kxlb.loader.layout import C, Backend, ServiceKey, ip_to_raw
@@ -138,6 +140,76 @@ def test_a_nodeport_reply_is_translated_back_to_the_node_address(hook, table):
     reply = eth(IP(src=p[IP].dst, dst=NODE_IP) / TCP(sport=8080, dport=p[TCP].sport, flags="SA"))
     r = assert_checksums(hook.run(reply)[1])
     assert (r[IP].src, r[TCP].sport, r[IP].dst, r[TCP].dport) == (NODE_IP, NODE_PORT, OUTSIDE, sport)
+
+
+# This node's own address as an endpoint (a hostNetwork pod): packets to it are delivered
+# locally and its replies start in the node's stack, so they meet only tc egress.
+HOST = Backend(NODE_IP, 18080)
+FROM_EVERYWHERE = [(NODE_IP, NODE_PORT, OUTSIDE), (NODE_IP, NODE_PORT, POD), (EXT_IP, PORT, OUTSIDE),
+                   (CIP, PORT, POD)]
+
+
+def host_reply(client: str, sport: int, proto: str = "tcp", payload: bytes = b"y"):
+    """The host-network endpoint's answer, as the node's stack sends it."""
+    l4 = TCP(sport=HOST.port, dport=sport, flags="SA") if proto == "tcp" else UDP(sport=HOST.port, dport=sport)
+    return eth(IP(src=NODE_IP, dst=client) / l4 / payload)
+
+
+@pytest.mark.parametrize("front, fport, client", FROM_EVERYWHERE,
+                         ids=["nodeport-outside", "nodeport-pod", "external-ip", "cluster-ip"])
+def test_this_nodes_host_network_endpoint_is_not_masqueraded_and_answers_through_egress(
+        hook, table, egress, front, fport, client):
+    """kube-proxy masquerades in POSTROUTING, which a locally delivered packet never
+    reaches: the node's own endpoint sees the client. Masqueraded to the node's address,
+    its reply would go through lo, past every hook (upstream e2e: "service endpoints
+    using hostNetwork")."""
+    table.put(svc(cluster=(HOST,)))
+    verdict, out, sport = send(hook, front, fport, client)
+    assert verdict == hook.translated
+    p = assert_checksums(out)
+    assert (p[IP].src, p[TCP].sport, p[IP].dst, p[TCP].dport) == (client, sport, NODE_IP, HOST.port)
+    verdict, out = egress.run(host_reply(client, sport))
+    assert verdict == 0  # TC_ACT_OK: translated
+    r = assert_checksums(out)
+    assert (r[IP].src, r[TCP].sport, r[IP].dst, r[TCP].dport) == (front, fport, client, sport)
+
+
+def test_a_remote_endpoint_through_the_node_port_is_still_masqueraded(hook, table):
+    table.put(svc(cluster=REMOTE[:1]))
+    assert forwarded(hook, NODE_IP, NODE_PORT, OUTSIDE) == (NODE_IP, REMOTE[0].addr)
+
+
+def test_a_large_udp_answer_of_the_host_endpoint_is_translated_fragment_by_fragment(hook, table, egress):
+    table.put(svc(key=ServiceKey(CIP, PORT, 17), cluster=(HOST,),
+                  frontends=(Frontend(ServiceKey(NODE_IP, NODE_PORT, 17), Kind.NODE_PORT),)))
+    verdict, _, sport = send(hook, NODE_IP, NODE_PORT, OUTSIDE, proto="udp")
+    assert verdict == hook.translated
+    datagram = host_reply(OUTSIDE, sport, "udp", b"n" + b"o" * 2499)[IP]
+    datagram.id = 777
+    outs = []
+    for f in fragment(datagram, fragsize=1000):
+        verdict, out = egress.run(eth(f))
+        assert verdict == 0
+        outs.append(Ether(out)[IP])
+    assert all((o.src, o.dst) == (NODE_IP, OUTSIDE) for o in outs)
+    whole = IP(src=NODE_IP, dst=OUTSIDE) / UDP(b"".join(bytes(o.payload) for o in outs))
+    assert (whole[UDP].sport, whole[UDP].dport) == (NODE_PORT, sport)
+    check = whole[UDP].chksum
+    del whole[UDP].chksum
+    assert IP(bytes(whole))[UDP].chksum == check
+
+
+def test_egress_leaves_the_nodes_other_traffic_alone(hook, table, egress):
+    """Only a reply of a tracked flow's local endpoint is translated: the node's other
+    sockets (another port, another peer, a later fragment of its own) are not."""
+    table.put(svc(cluster=(HOST,)))
+    sport = send(hook, NODE_IP, NODE_PORT, OUTSIDE)[2]
+    for frame in (eth(IP(src=NODE_IP, dst=OUTSIDE) / TCP(sport=22, dport=sport, flags="A")),
+                  eth(IP(src=NODE_IP, dst="192.0.2.10") / TCP(sport=HOST.port, dport=sport, flags="A")),
+                  eth(IP(src=NODE_IP, dst=OUTSIDE) / TCP(sport=sport, dport=HOST.port, flags="A")),
+                  eth(IP(src=NODE_IP, dst=OUTSIDE, id=5, frag=125, proto=17) / (b"z" * 64))):
+        verdict, out = egress.run(frame)
+        assert verdict == -1 and out == bytes(frame)  # TC_ACT_UNSPEC, untouched
 
 
 def test_cluster_ip_masquerades_only_clients_outside_the_cluster(hook, table):

@@ -302,3 +302,54 @@ def test_a_dual_stack_service_answers_over_both_families_from_every_origin(with_
         return check
     eventually(from_node(vip6, 80), f"{proxy}: IPv6 cluster IP from node 1's own processes")
     eventually(from_node(lab.node(2).ip6, node_port), f"{proxy}: IPv6 NodePort of node 2 from node 1")
+
+
+# Ports of the hostNetwork echo pods: the nodes' own, so away from the echo pods' and one
+# pair per proxy (the previous test's namespace may still be going away).
+HOST_PORTS = {"kube-proxy": 18080, "kxlb": 18090}
+
+
+@pytest.mark.parametrize("proxy", ["kube-proxy", "kxlb"])
+def test_host_network_endpoints_answer_from_every_node(with_proxy, k8s, proxy):
+    """Upstream's "should function for service endpoints using hostNetwork": each node's
+    own address is an endpoint. Through node 1's NodePort, node 1's own endpoint answers
+    too, unmasqueraded (a locally delivered packet never meets kube-proxy's POSTROUTING
+    masquerade; kxlb's replies are translated at tc egress), and a pod reaches its own
+    node's endpoint through the cluster IP."""
+    lab = with_proxy(proxy)
+    port = HOST_PORTS[proxy]
+    ports = [{"name": "tcp", "containerPort": port, "protocol": "TCP"},
+             {"name": "udp", "containerPort": port, "protocol": "UDP"}]
+    for i in (1, 2):
+        k8s.pod(f"host{i}", labels={"app": "hostnet"}, ports=ports, node_name=lab.node(i).name, host_network=True)
+    k8s.pod("client", labels={"app": "client"}, ports=[], node_name=lab.node(2).name)
+    k8s.ready_pods("app=hostnet", 2)
+    k8s.ready_pods("app=client", 1)
+    svc = k8s.service("hostnet", selector={"app": "hostnet"}, type="NodePort",
+                      ports=[{"name": "tcp", "port": 80, "targetPort": "tcp", "protocol": "TCP"},
+                             {"name": "udp", "port": 80, "targetPort": "udp", "protocol": "UDP"}])
+    node_port = {p["protocol"]: p["nodePort"] for p in svc["spec"]["ports"]}
+    cip, client, node1, node2 = svc["spec"]["clusterIP"], lab.client_ip, lab.node(1).ip, lab.node(2).ip
+    k8s.wait_endpoints("hostnet", [node1, node2])
+    cns = lab.resolve_target(f"{k8s.name}/client")[0]
+
+    for what, ns, addr, proto in (("cluster IP from a pod on node 2", cns, cip, "TCP"),
+                                  ("cluster IP from a pod on node 2", cns, cip, "UDP"),
+                                  ("node 1's nodePort from a pod on node 2", cns, node1, "TCP"),
+                                  ("node 1's nodePort from a pod on node 2", cns, node1, "UDP"),
+                                  ("node 1's nodePort from outside", lab.client_ns, node1, "TCP"),
+                                  ("node 1's nodePort from outside", lab.client_ns, node1, "UDP"),
+                                  ("node 2's nodePort from outside", lab.client_ns, node2, "TCP")):
+        dport = 80 if addr == cip else node_port[proto]
+
+        def check(ns=ns, addr=addr, dport=dport, proto=proto):
+            seen = (answers if proto == "TCP" else udp_answers)(ns, addr, dport, 20)
+            return {p for p, _ in seen} == {"host1", "host2"}, dict(seen)
+        eventually(check, f"{proxy}: {what} ({proto}): both nodes' endpoints answer")
+
+    # eTP Cluster from outside: the endpoint on the node the client came through sees the
+    # client's own address; the other node's sees node 1's (masqueraded).
+    def sources():
+        seen = answers(lab.client_ns, node1, node_port["TCP"], 20)
+        return set(seen) == {("host1", client), ("host2", node1)}, dict(seen)
+    eventually(sources, f"{proxy}: node 1's own endpoint sees the outside client, node 2's sees node 1")
