@@ -14,12 +14,12 @@ Pieces (all named after ``name``, default ``kxlab``):
 - the network of ``lab/nodes.py``: node namespaces, fabric, client, cgroups;
 - one pod agent per node (``lab/podagent.py``), a background process;
 - one proxy per node (``lab/proxies.py``: the modes, their command lines, health and
-  clean-up): the kxlb controller (``python -m kxlb controller``, as a DaemonSet would run
+  clean-up; ``lab/proxyrun.py`` switches them): the kxlb controller (``python -m kxlb controller``, as a DaemonSet would run
   it: host network, the node's interfaces, the node's cgroup), the real kube-proxy
   (nftables or iptables mode) inside the node's namespace, or nothing.
 
 Every process gets the environment marker ``KXLB_LAB=<workdir>`` and a pidfile in
-``run/``; ``down()`` stops both (``lab/procs.py``: with their process groups), so
+``run/`` (``lab/supervisor.py``); ``down()`` stops both, with their process groups, so
 nothing survives a crashed ``up``. Logs go to
 ``logs/`` in the work directory. ``lab.json`` records the configuration, for
 ``down``/``status``/``exec`` from another process.
@@ -43,42 +43,18 @@ from .controlplane import ControlPlane, ControlPlaneError, Ports
 from .errors import LabError
 from .nodes import LB_POOL, SERVICE_CIDR, SERVICE_CIDR6, NodeSpec, Topology, netns_exists
 from .proxies import PROXIES, PROXY_MODES
+from .proxyrun import ProxyRunner
+from .supervisor import LAB_MARKER, Supervisor
 
 SERVICE_CIDRS = f"{SERVICE_CIDR},{SERVICE_CIDR6}"
 
 DEFAULT_WORKDIR = cpmod.DEFAULT_WORKDIR
-MARKER_ENV = "KXLB_LAB"
+MARKER_ENV = LAB_MARKER
 
 
 REPO = Path(__file__).resolve().parent.parent
 # Which work directory owns a lab name (its namespaces, cgroups, pins): /run/kxlb-lab/<name>.json.
 CLAIM_DIR = Path("/run/kxlb-lab")
-
-
-def _env(marker: str, extra: Optional[dict] = None) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in cpmod._PROXY_VARS and k not in ("KUBECONFIG", cpmod.MARKER_ENV)}
-    env[MARKER_ENV] = marker
-    env.update(extra or {})
-    return env
-
-
-def stop_processes(group: procs.Group, grace: float) -> None:
-    left = procs.stop(group, grace)
-    if left:
-        raise LabError(f"processes {left} survive SIGKILL")
-
-
-def marked_pids(marker: str) -> list[int]:
-    """The processes of the lab whose workdir is *marker* (the nodes' daemons)."""
-    return procs.marked_pids(MARKER_ENV, marker)
-
-
-def controller_available(python: str = sys.executable) -> bool:
-    """Does this checkout have `kxlb controller`?"""
-    r = subprocess.run([python, "-m", "kxlb", "controller", "--help"], capture_output=True, text=True,
-                       env=_env("probe"), cwd=REPO)
-    return r.returncode == 0
 
 
 class Lab:
@@ -98,6 +74,8 @@ class Lab:
         self.kubelet = kubelet   # real kubelet + containerd nodes (lab/kubelet.py), else pod agents
         self.log = log or (lambda msg: print(f"lab: {msg}", file=sys.stderr, flush=True))
         self.topology = Topology(name, nodes)
+        # The lab's own processes (the control plane's have theirs): run/lab-<role>.pid.
+        self.sup = Supervisor(self.workdir, MARKER_ENV, prefix="lab-", log=self.log)
 
     # ---- configuration ---------------------------------------------------------------------
     @property
@@ -217,46 +195,16 @@ class Lab:
         from kubernetes import config
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
-    # ---- pidfiles ------------------------------------------------------------------------------
-    def _pidfile(self, role: str) -> Path:
-        return self.workdir / "run" / f"lab-{role}.pid"
-
-    def _read_pid(self, role: str) -> Optional[dict]:
-        try:
-            info = json.loads(self._pidfile(role).read_text())
-            return info if procs.alive(int(info["pid"]), info.get("start")) else None
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-    def _spawn(self, role: str, argv: list[str], log_name: str, cgroup: Optional[str] = None,
-               extra_env: Optional[dict] = None) -> subprocess.Popen:
-        logp = self.workdir / "logs" / f"{log_name}.log"
-        logp.parent.mkdir(parents=True, exist_ok=True)
-
-        def preexec() -> None:
-            if cgroup:
-                with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
-                    f.write("0")
-
-        with open(logp, "ab") as logf:
-            logf.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%S%z')} {' '.join(argv)}\n".encode())
-            logf.flush()
-            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                 cwd=self.workdir, env=_env(str(self.workdir), extra_env),
-                                 start_new_session=True, close_fds=True, preexec_fn=preexec)
-        st = procs.proc_stat(p.pid)
-        info = {"pid": p.pid, "start": st[1] if st else None, "argv": argv, "log": str(logp)}
-        cpmod.pki.write_public(self._pidfile(role), (json.dumps(info) + "\n").encode())
-        return p
+    # ---- processes ---------------------------------------------------------------------------
+    def _stop(self, group: procs.Group, grace: float = 5.0) -> None:
+        left = self.sup.stop(group, grace)
+        if left:
+            raise LabError(f"processes {left} survive SIGKILL")
 
     def _stop_roles(self, roles: list[str], grace: float = 5.0) -> None:
-        group = {}
-        for role in roles:
-            info = self._read_pid(role)
-            if info:
-                group[int(info["pid"])] = info.get("start")
-            self._pidfile(role).unlink(missing_ok=True)
-        stop_processes(group, grace)
+        left = self.sup.stop_roles(roles, grace)
+        if left:
+            raise LabError(f"processes {left} survive SIGKILL")
 
     # ---- up ----------------------------------------------------------------------------------
     def up(self, *, build: bool = True, timeout: float = 180) -> "Lab":
@@ -322,7 +270,7 @@ class Lab:
                            f"first, or use another name")
         self.workdir.mkdir(parents=True, exist_ok=True)
         CLAIM_DIR.mkdir(parents=True, exist_ok=True)
-        cpmod.pki.write_public(self._claim_path(), json.dumps({"workdir": str(self.workdir)}).encode())
+        pki.write_public(self._claim_path(), json.dumps({"workdir": str(self.workdir)}).encode())
         k8s_version = subprocess.run([str(self.bin_dir / "kube-apiserver"), "--version"], capture_output=True,
                                      text=True).stdout.split()[-1]
         self._write_state({"proxy": "none", "k8s_version": k8s_version, "state": "up"})
@@ -345,7 +293,7 @@ class Lab:
 
     def _start_lbpool(self) -> None:
         argv = [sys.executable, "-m", "kxlb.lab.lbpool", "--kubeconfig", str(self.kubeconfig), "--pool", LB_POOL]
-        p = self._spawn("lbpool", argv, "lbpool")
+        p = self.sup.spawn("lbpool", argv, "lbpool")
         self.log(f"load-balancer IP pool {LB_POOL} (pid {p.pid})")
 
     def _write_state(self, extra: dict) -> None:
@@ -365,7 +313,7 @@ class Lab:
         })
         st.setdefault("created_id", str(uuid.uuid4()))
         st.update(extra)
-        cpmod.pki.write_public(self.state_file, (json.dumps(st, indent=2) + "\n").encode())
+        pki.write_public(self.state_file, (json.dumps(st, indent=2) + "\n").encode())
 
     def _start_proxy(self, timeout: float) -> None:
         """set_proxy(requested); a proxy that fails leaves the lab up without one."""
@@ -387,7 +335,7 @@ class Lab:
             self.log(f"network incomplete ({'; '.join(problems)}): rebuilding the lab")
             return False
         for n in self.node_specs:
-            dead = [r for r in self._node_roles(n) if not self._read_pid(r)]
+            dead = [r for r in self._node_roles(n) if not self.sup.read(r)]
             if dead and self.kubelet:
                 self.log(f"{', '.join(dead)} not running: rebuilding the lab")
                 return False
@@ -395,14 +343,14 @@ class Lab:
                 self.log(f"pod agent of {n.name} not running: starting it")
                 self._start_agent(n)
         self._wait_nodes(60)
-        if not self._read_pid("lbpool"):
+        if not self.sup.read("lbpool"):
             self._start_lbpool()
         st = self.read_state() or {}
         want = self.proxy_requested
         def proxy_down(n: NodeSpec) -> bool:
             if self.kubelet:  # a DaemonSet's pod: its health endpoint on the node
                 return not proxies.daemonset_health(want, n)[0]
-            return not self._read_pid(f"proxy-{n.name}")
+            return not self.sup.read(f"proxy-{n.name}")
         if st.get("proxy") != want or (want != "none" and any(proxy_down(n) for n in self.node_specs)):
             self._start_proxy(120)
         return True
@@ -410,7 +358,7 @@ class Lab:
     # ---- pod agents ------------------------------------------------------------------------------
     def _start_agent(self, n: NodeSpec) -> None:
         argv = [sys.executable, "-m", "kxlb.lab.podagent", "--workdir", str(self.workdir), "--node", n.name]
-        p = self._spawn(f"agent-{n.name}", argv, f"agent-{n.name}")
+        p = self.sup.spawn(f"agent-{n.name}", argv, f"agent-{n.name}")
         self.log(f"pod agent for {n.name} started (pid {p.pid}), log {self.workdir / 'logs' / f'agent-{n.name}.log'}")
 
     def _wait_nodes(self, timeout: float) -> None:
@@ -424,7 +372,7 @@ class Lab:
             while True:
                 for n in self.node_specs:
                     for role in self._node_roles(n):
-                        if not self._read_pid(role):
+                        if not self.sup.read(role):
                             logp = self.workdir / "logs" / f"{role}.log"
                             raise LabError(f"{role} exited; log {logp}:\n{procs.tail(logp)}")
                 try:
@@ -493,21 +441,21 @@ class Lab:
             nodes_mod.ip_batch(n.netns, [f"addr add {self.advertise_address}/32 dev lo"])
             maps += [f"{n.netns}/127.0.0.1:{self.api_port}={api}",
                      f"{n.netns}/{self.advertise_address}:{self.api_port}={api}"]
-        self._spawn("relay", [sys.executable, "-m", "kxlb.lab.relay", *(f"--map={m}" for m in maps),
+        self.sup.spawn("relay", [sys.executable, "-m", "kxlb.lab.relay", *(f"--map={m}" for m in maps),
                               f"--connect={self.egress_socket}={self.node_specs[0].netns}"], "relay")
         self._create_nodes([kn.node_object() for _, kn in nodes])
         for n, kn in nodes:
             kn.prepare(ca, sys.executable)
-            holder = self._spawn(f"holder-{n.name}", kn.holder_argv(pause), f"holder-{n.name}", cgroup=n.cgroup)
+            holder = self.sup.spawn(f"holder-{n.name}", kn.holder_argv(pause), f"holder-{n.name}", cgroup=n.cgroup)
             kubelet.wait_for(f"the namespace holder of {n.name}", lambda: _entered(holder.pid, str(pause)), 10)
-            self._spawn(f"containerd-{n.name}", kn.containerd_argv(holder.pid), f"containerd-{n.name}",
+            self.sup.spawn(f"containerd-{n.name}", kn.containerd_argv(holder.pid), f"containerd-{n.name}",
                         cgroup=n.cgroup, extra_env=kn.containerd_env())
         for n, kn in nodes:
             kubelet.wait_for(f"containerd of {n.name}", kn.containerd_ready, 60,
                              lambda: procs.tail(self.workdir / "logs" / f"containerd-{n.name}.log"))
             kn.import_images(imgs)
-            holder = self._read_pid(f"holder-{n.name}")
-            self._spawn(f"kubelet-{n.name}", kn.kubelet_argv(int(holder["pid"])), f"kubelet-{n.name}",
+            holder = self.sup.read(f"holder-{n.name}")
+            self.sup.spawn(f"kubelet-{n.name}", kn.kubelet_argv(int(holder["pid"])), f"kubelet-{n.name}",
                         cgroup=n.cgroup)
         # Cluster DNS, as kubeadm deploys it; it answers once a service proxy runs (its
         # pods reach the API server through the `kubernetes` Service).
@@ -534,144 +482,28 @@ class Lab:
         self._stop_roles([f"agent-{n.name}"])
         self._start_agent(n)
 
-    # ---- proxies ---------------------------------------------------------------------------------
+    # ---- proxies (lab/proxyrun.py) ----------------------------------------------------------------
+    @property
+    def proxies(self) -> "ProxyRunner":
+        return ProxyRunner(self)
+
     def set_proxy(self, mode: str, *, timeout: float = 120) -> str:
         """Stop the running proxy, clean up after it, start *mode* on every node and wait
-        until it is healthy. kxlb falls back to none (with a warning) when this checkout
-        has no `kxlb controller`. Returns the mode that runs."""
-        if mode not in PROXIES:
-            raise ValueError(f"proxy must be one of {', '.join(PROXIES)}")
-        self.proxy_requested = mode
-        actual = mode
-        kind = PROXY_MODES[mode].kind
-        if kind == "kxlb" and not controller_available():
-            self.log("WARNING: `python -m kxlb controller` is not available in this checkout; "
-                     "running without a service proxy (--proxy none)")
-            actual = "none"
-        self._stop_proxies()
-        self._write_state({"proxy": "none"})
-        if actual == "none":
-            return actual
-        if self.kubelet:
-            return self._start_proxy_daemonset(actual, timeout)
-        for n in self.node_specs:
-            if kind == "kxlb":
-                self._spawn(f"proxy-{n.name}",
-                            proxies.controller_argv(n, actual, self.port_offset, self.kube_proxy_kubeconfig),
-                            proxies.log_name(actual, n.name), extra_env={"KXLB_PIN_DIR": n.pin_dir})
-            else:
-                self._spawn(f"proxy-{n.name}", proxies.kube_proxy_argv(n, actual, self.port_offset,
-                                                                       self.kube_proxy_kubeconfig, self.bin_dir),
-                            proxies.log_name(actual, n.name), cgroup=n.cgroup,
-                            extra_env=proxies.iptables_env(self.workdir, PROXY_MODES[actual].iptables))
-        self._write_state({"proxy": actual})
-        try:
-            self._wait_proxies(actual, timeout)
-        except BaseException:
-            self._stop_proxies()
-            self._write_state({"proxy": "none"})
-            raise
-        self.log(f"proxy {actual} healthy on {', '.join(n.name for n in self.node_specs)}")
-        return actual
-
-    def _start_proxy_daemonset(self, mode: str, timeout: float) -> str:
-        """Real-kubelet labs: *mode* as a DaemonSet from its manifest (proxies.py), with the
-        image the lab builds and imports into every node; waits for every node's pod to
-        answer its health endpoint."""
-        t = time.monotonic()
-        from . import proxyimages
-        if PROXY_MODES[mode].kind == "kxlb":
-            ref, archive = proxyimages.KXLB_IMAGE, proxyimages.kxlb_image(REPO)
-            docs = proxies.kxlb_daemonset(mode, api_host=self.advertise_address, api_port=self.api_port,
-                                          cgroup_dir=self.topology.cgroup_dir, bpffs=self.topology.bpffs)
-        else:
-            version = (self.read_state() or {})["k8s_version"]
-            ref, archive = proxyimages.kube_proxy_image(self.bin_dir / "kube-proxy", version)
-            docs = proxies.kube_proxy_daemonset(mode, image=ref, api_host=self.advertise_address,
-                                                api_port=self.api_port)
-        for n in self.node_specs:
-            self.kubelet_node(n).import_archive(ref, archive)
-        self.log(f"{ref} built and imported into {len(self.node_specs)} nodes in {time.monotonic() - t:.1f}s")
-        manifest = self.workdir / f"{proxies.daemonset_name(mode)}.yaml"
-        import yaml
-        manifest.write_text(yaml.safe_dump_all(docs, sort_keys=False))
-        self.kubectl("apply", "-f", str(manifest))
-        self._write_state({"proxy": mode})
-        deadline = time.monotonic() + timeout
-
-        def failure(n: NodeSpec, why: str) -> LabError:
-            pods = self.kubectl("get", "pods", "-n", "kube-system", "-o", "wide", check=False).stdout
-            logs = self.kubectl("logs", "-n", "kube-system", f"daemonset/{proxies.daemonset_name(mode)}",
-                                "--tail=20", check=False)
-            self._stop_proxies()
-            self._write_state({"proxy": "none"})
-            return LabError(f"{mode} on {n.name} not healthy after {timeout:.0f}s ({why}); "
-                            f"pods:\n{pods}\nlogs:\n{logs.stdout or logs.stderr}")
-
-        self._wait_healthy(lambda n: proxies.daemonset_health(mode, n), timeout, failure)
-        # And Ready in the API (the readiness probe's next period), for whoever reads it next.
-        left = max(10.0, deadline - time.monotonic())
-        self.kubectl("-n", "kube-system", "rollout", "status", f"daemonset/{proxies.daemonset_name(mode)}",
-                     f"--timeout={left:.0f}s", timeout=left + 10)
-        self.log(f"proxy {mode} (DaemonSet {proxies.daemonset_name(mode)}) healthy on "
-                 f"{', '.join(n.name for n in self.node_specs)}")
-        return mode
+        until it is healthy (lab/proxyrun.py). Returns the mode that runs."""
+        return self.proxies.set(mode, timeout=timeout)
 
     def proxy_pid(self, which: int | str) -> Optional[int]:
-        """The pid of the service proxy running on a node (None: none runs)."""
-        info = self._read_pid(f"proxy-{self.node(which).name}")
+        """The pid of the service proxy process running on a node (None: none runs)."""
+        info = self.sup.read(f"proxy-{self.node(which).name}")
         return int(info["pid"]) if info else None
-
-    def _wait_proxies(self, mode: str, timeout: float) -> None:
-        def log_of(name: str) -> Path:
-            return self.workdir / "logs" / f"{proxies.log_name(mode, name)}.log"
-
-        def check(n: NodeSpec) -> tuple[bool, str]:
-            if not self._read_pid(f"proxy-{n.name}"):
-                raise LabError(f"{mode} on {n.name} exited; log {log_of(n.name)}:\n{procs.tail(log_of(n.name))}")
-            return proxies.health(mode, n, self.port_offset)
-
-        def failure(n: NodeSpec, why: str) -> LabError:
-            return LabError(f"{mode} on {n.name} not healthy after {timeout:.0f}s ({why}); "
-                            f"log {log_of(n.name)}:\n{procs.tail(log_of(n.name))}")
-
-        self._wait_healthy(check, timeout, failure)
-
-    def _wait_healthy(self, check: Callable[[NodeSpec], tuple[bool, str]], timeout: float,
-                      failure: Callable[[NodeSpec, str], LabError]) -> None:
-        """Poll ``check(node)`` -> (healthy?, why not) until every node is healthy; past
-        *timeout* raise ``failure(node, why)``. Whatever the proxy runs as."""
-        deadline = time.monotonic() + timeout
-        pending = list(self.node_specs)
-        while pending:
-            ok, why = check(pending[0])
-            if ok:
-                pending.pop(0)
-                continue
-            if time.monotonic() > deadline:
-                raise failure(pending[0], why)
-            time.sleep(0.3)
-
-    def _stop_proxies(self) -> None:
-        """Stop proxy processes (with what they forked) and remove what they left in the nodes."""
-        self._stop_roles([f"proxy-{n.name}" for n in self.node_specs])
-        st = self.read_state() or {}
-        if self.kubelet and st.get("state") == "up" and st.get("proxy", "none") != "none":
-            # Foreground: returns once the pods are gone (their datapath stays until clear_node).
-            for name in ("kxlb", "kube-proxy"):
-                self.kubectl("delete", "daemonset", "-n", "kube-system", name, "--ignore-not-found",
-                             "--cascade=foreground", "--timeout=60s", check=False, timeout=90)
-        for n in self.node_specs:
-            proxies.clear_node(n)
 
     # ---- down ------------------------------------------------------------------------------------
     def down(self, *, purge: bool = False, quiet: bool = False) -> None:
         """Stop every process, remove every namespace, interface, cgroup and pin of this lab.
         Idempotent; works after a crash (pidfiles, environment marker, name prefixes)."""
         t0 = time.monotonic()
-        roles = [p.stem.removeprefix("lab-") for p in (self.workdir / "run").glob("lab-*.pid")]
-        self._stop_roles(roles)
-        stop_processes({p: None for p in marked_pids(str(self.workdir))}, grace=2.0)
+        self._stop_roles(self.sup.roles())
+        self._stop({p: None for p in self.sup.marked()}, grace=2.0)
         try:
             # As configured by its last up(): the interface and ports it really made.
             ControlPlane.from_workdir(self.workdir, log=lambda m: self.log(f"controlplane: {m}")).down()
@@ -694,7 +526,7 @@ class Lab:
             removed += kubelet.remove_v1_cgroups("/" + os.path.relpath(self.topology.cgroup_dir,
                                                                        self.topology.cgroup_root))
             self._claim_path().unlink(missing_ok=True)
-        stop_processes({p: None for p in marked_pids(str(self.workdir))}, grace=2.0)
+        self._stop({p: None for p in self.sup.marked()}, grace=2.0)
         shutil.rmtree(self.workdir / "nodes", ignore_errors=True)
         if self.read_state():
             self._write_state({"state": "down", "proxy": "none"})  # keeps the lab's identity for later commands
@@ -735,9 +567,9 @@ class Lab:
                 api_nodes = {}
         healthy = bool(st) and (st or {}).get("state") != "down" and bool(cp and cp["up"])
         for n in self.node_specs:
-            daemons = {r.removesuffix(f"-{n.name}"): self._read_pid(r) for r in self._node_roles(n)}
+            daemons = {r.removesuffix(f"-{n.name}"): self.sup.read(r) for r in self._node_roles(n)}
             agent = all(daemons.values())
-            proxy = self._read_pid(f"proxy-{n.name}")
+            proxy = self.sup.read(f"proxy-{n.name}")
             obj = api_nodes.get(n.name)
             ready = None
             if obj is not None:
@@ -799,7 +631,7 @@ class Lab:
         raise LabError(f"bad target {target!r}: node/NAME, client, fabric or NAMESPACE/POD")
 
     def exec_env(self) -> dict:
-        env = _env(str(self.workdir), {"KUBECONFIG": str(self.kubeconfig)})
+        env = self.sup.env({"KUBECONFIG": str(self.kubeconfig)})
         env["PATH"] = f"{self.bin_dir}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
         return env
 

@@ -50,29 +50,20 @@ import ssl
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import pki, procs
+from . import components, pki, procs
+from .components import APISERVER, COMPONENTS, CONTROLLER_MANAGER, ETCD, SCHEDULER
+from .supervisor import CONTROLPLANE_MARKER, Supervisor
 
 HERE = Path(__file__).resolve().parent
 BUILD_SH = HERE / "k8s" / "build.sh"
 DEFAULT_WORKDIR = Path(os.environ.get("KXLB_LAB_DIR", "/var/lib/kxlb/lab"))
-MARKER_ENV = "KXLB_CONTROLPLANE"
+MARKER_ENV = CONTROLPLANE_MARKER
 
-ETCD = "etcd"
-APISERVER = "kube-apiserver"
-CONTROLLER_MANAGER = "kube-controller-manager"
-SCHEDULER = "kube-scheduler"
-COMPONENTS = (ETCD, APISERVER, CONTROLLER_MANAGER, SCHEDULER)
 BINARIES = (*COMPONENTS, "kubectl", "kube-proxy")
-
-# Environment variables never passed on: nothing of ours should talk through a proxy.
-_PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "no_proxy",
-               "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
 
 
 class ControlPlaneError(RuntimeError):
@@ -173,38 +164,6 @@ def _port_busy(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
-# ----------------------------------------------------------------------------- kubeconfig
-
-def _kubeconfig_text(server: str, ca_pem: bytes, user: str, cert_pem: bytes, key_pem: bytes,
-                     cluster: str = "kxlb") -> str:
-    import base64
-
-    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
-    ctx = f"{user}@{cluster}"
-    # JSON string literals are valid YAML scalars: no quoting surprises.
-    q = json.dumps
-    return (
-        "apiVersion: v1\n"
-        "kind: Config\n"
-        "clusters:\n"
-        f"- name: {q(cluster)}\n"
-        "  cluster:\n"
-        f"    server: {q(server)}\n"
-        f"    certificate-authority-data: {b64(ca_pem)}\n"
-        "users:\n"
-        f"- name: {q(user)}\n"
-        "  user:\n"
-        f"    client-certificate-data: {b64(cert_pem)}\n"
-        f"    client-key-data: {b64(key_pem)}\n"
-        "contexts:\n"
-        f"- name: {q(ctx)}\n"
-        "  context:\n"
-        f"    cluster: {q(cluster)}\n"
-        f"    user: {q(user)}\n"
-        f"current-context: {q(ctx)}\n"
-    )
-
-
 # ----------------------------------------------------------------------------- the control plane
 
 class ControlPlane:
@@ -247,7 +206,7 @@ class ControlPlane:
         self.timeouts = timeouts or Timeouts()
         self.verbosity = verbosity
         self._log = log or (lambda msg: print(f"controlplane: {msg}", file=sys.stderr, flush=True))
-        self._procs: dict[str, subprocess.Popen] = {}
+        self.sup = Supervisor(self.workdir, MARKER_ENV, fresh_logs=True, log=self._log)
         self._ssl: Optional[ssl.SSLContext] = None
         self._iface_made = False
 
@@ -283,10 +242,11 @@ class ControlPlane:
     @property
     def server(self) -> str:
         """The URL clients on this host use."""
-        return f"https://{self._apiserver_host}:{self.ports.apiserver}"
+        return f"https://{self.apiserver_host}:{self.ports.apiserver}"
 
     @property
-    def _apiserver_host(self) -> str:
+    def apiserver_host(self) -> str:
+        """Where clients on this host reach the API server."""
         b = self.apiserver_bind_address
         return "127.0.0.1" if b == "0.0.0.0" else b
 
@@ -295,14 +255,11 @@ class ControlPlane:
         return f"http://127.0.0.1:{self.ports.etcd_client}"
 
     def log_path(self, component: str) -> Path:
-        return self.logs_dir / f"{component}.log"
-
-    def _pidfile(self, component: str) -> Path:
-        return self.run_dir / f"{component}.pid"
+        return self.sup.log_path(component)
 
     @property
     def marker(self) -> str:
-        return str(self.workdir)
+        return self.sup.marker
 
     # ---- public API --------------------------------------------------------------------------
 
@@ -371,18 +328,15 @@ class ControlPlane:
             self._make_pki()
             self._iface_up()
             self._start(ETCD)
-            self._wait(ETCD, self._probe_etcd, self.timeouts.etcd)
+            self._wait(ETCD)
             self._start(APISERVER)
-            self._wait(APISERVER, self._probe_apiserver,
-                       self.timeouts.apiserver)
+            self._wait(APISERVER)
             self._start(CONTROLLER_MANAGER)
             self._start(SCHEDULER)
-            self._wait(CONTROLLER_MANAGER,
-                       lambda: self._probe_https(self.ports.controller_manager, "/healthz"),
-                       self.timeouts.controllers)
-            self._wait(SCHEDULER, lambda: self._probe_https(self.ports.scheduler, "/healthz"),
-                       self.timeouts.controllers)
-            self._wait(CONTROLLER_MANAGER, self._probe_default_sa, self.timeouts.default_sa,
+            self._wait(CONTROLLER_MANAGER)
+            self._wait(SCHEDULER)
+            self._wait(CONTROLLER_MANAGER, lambda: components.probe_default_service_account(self),
+                       self.timeouts.default_sa,
                        what="the default ServiceAccount (created by the serviceaccount controller)")
         except BaseException:
             if not keep_on_failure:
@@ -402,7 +356,7 @@ class ControlPlane:
         self._stop_processes()
         self._iface_down()
         for comp in COMPONENTS:
-            self._pidfile(comp).unlink(missing_ok=True)
+            self.sup.pidfile(comp).unlink(missing_ok=True)
         if purge:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -414,20 +368,18 @@ class ControlPlane:
         """JSON-able status: per component pid/running/healthy/log, iface, paths."""
         comps = {}
         for comp in COMPONENTS:
-            info = self._read_pidfile(comp)
-            running = bool(info) and procs.alive(info["pid"], info.get("start"))
+            info = self.sup.read(comp)
+            running = bool(info)
             healthy = None
             if probe and running:
-                ok, _ = self._probe(comp)
-                healthy = ok
+                healthy = components.probe(self, comp)[0]
             comps[comp] = {
                 "pid": info["pid"] if running else None,
                 "running": running,
                 "healthy": healthy,
                 "log": str(self.log_path(comp)),
             }
-        leftovers = [p for p in procs.marked_pids(MARKER_ENV, self.marker)
-                     if p not in {c["pid"] for c in comps.values()}]
+        leftovers = [p for p in self.sup.marked() if p not in {c["pid"] for c in comps.values()}]
         return {
             "up": all(c["running"] and (c["healthy"] or not probe) for c in comps.values()),
             "workdir": str(self.workdir),
@@ -449,8 +401,8 @@ class ControlPlane:
         and wait until it is gone; returns its pid (None if it was not running)."""
         if comp not in COMPONENTS:
             raise KeyError(comp)
-        info = self._read_pidfile(comp)
-        if not info or not procs.alive(info["pid"], info.get("start")):
+        info = self.sup.read(comp)
+        if not info:
             return None
         pid = info["pid"]
         try:
@@ -459,11 +411,11 @@ class ControlPlane:
             pass
         deadline = time.monotonic() + timeout
         while procs.alive(pid, info.get("start")):
-            self._reap()
+            self.sup.reap()
             if time.monotonic() > deadline:
                 raise ControlPlaneError(f"{comp} (pid {pid}) still runs {timeout:g}s after signal {sig}")
             time.sleep(0.05)
-        self._reap()
+        self.sup.reap()
         return pid
 
     def restart(self, comp: str) -> None:
@@ -471,23 +423,18 @@ class ControlPlane:
         same configuration, and wait until it is ready."""
         if comp not in COMPONENTS:
             raise KeyError(comp)
-        info = self._read_pidfile(comp)
-        if info and procs.alive(info["pid"], info.get("start")):
+        info = self.sup.read(comp)
+        if info:
             self._stop_group({info["pid"]: info.get("start")})
         self._start(comp)
-        if comp == ETCD:
-            self._wait(ETCD, self._probe_etcd, self.timeouts.etcd)
-        elif comp == APISERVER:
-            self._wait(APISERVER, self._probe_apiserver, self.timeouts.apiserver)
-        else:
-            self._wait(comp, lambda: self._probe(comp), self.timeouts.controllers)
+        self._wait(comp)
 
     def pids(self) -> list[int]:
         """Every live process of this control plane (pidfiles and marker)."""
-        pids = set(procs.marked_pids(MARKER_ENV, self.marker))
+        pids = set(self.sup.marked())
         for comp in COMPONENTS:
-            info = self._read_pidfile(comp)
-            if info and procs.alive(info["pid"], info.get("start")):
+            info = self.sup.read(comp)
+            if info:
                 pids.add(info["pid"])
         return sorted(pids)
 
@@ -508,55 +455,13 @@ class ControlPlane:
         }
         pki.write_public(self.state_file, (json.dumps(st, indent=2) + "\n").encode())
 
-    def _read_pidfile(self, comp: str) -> Optional[dict]:
-        try:
-            info = json.loads(self._pidfile(comp).read_text())
-            int(info["pid"])
-            return info
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
     # ---- PKI and kubeconfigs -------------------------------------------------------------------
 
     def _make_pki(self) -> None:
-        d = self.pki_dir
-        ca = pki.make_ca(f"{self.cluster_name}-lab-ca")
-        pki.save(ca, d, "ca")
-        names = [
-            "127.0.0.1", "localhost", self.kubernetes_service_ip, self.advertise_address,
-            "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-            "kubernetes.default.svc.cluster.local",
-        ]
-        pki.save(pki.issue(ca, "kube-apiserver", server_names=names, server=True), d, "apiserver")
-        pki.save(pki.issue(ca, "kube-apiserver-kubelet-client", orgs=["system:masters"], client=True),
-                 d, "apiserver-kubelet-client")
-        local = ["127.0.0.1", "localhost"]
-        pki.save(pki.issue(ca, "kube-controller-manager", server_names=local, server=True),
-                 d, "controller-manager-serving")
-        pki.save(pki.issue(ca, "kube-scheduler", server_names=local, server=True), d, "scheduler-serving")
-
-        # Front-proxy (requestheader) CA: without it the controller-manager and the
-        # scheduler log an error every few seconds, and aggregated APIs cannot work.
-        fp = pki.make_ca(f"{self.cluster_name}-lab-front-proxy-ca")
-        pki.save(fp, d, "front-proxy-ca")
-        pki.save(pki.issue(fp, "front-proxy-client", client=True), d, "front-proxy-client")
-
-        sa = pki.new_key()
-        pki.write_private(d / "sa.key", pki.key_pem(sa))
-        pki.write_public(d / "sa.pub", pki.public_pem(sa))
-
-        users = {
-            "admin": pki.issue(ca, "kubernetes-admin", orgs=["system:masters"], client=True),
-            "controller-manager": pki.issue(ca, "system:kube-controller-manager", client=True),
-            "scheduler": pki.issue(ca, "system:kube-scheduler", client=True),
-            # For running upstream kube-proxy against the lab, for comparison.
-            "kube-proxy": pki.issue(ca, "system:kube-proxy", orgs=["system:node-proxier"], client=True),
-        }
-        for user, ck in users.items():
-            pki.save(ck, d, f"{user}-client")
-            text = _kubeconfig_text(self.server, ca.cert_pem, user, ck.cert_pem, ck.key_pem,
-                                    self.cluster_name)
-            pki.write_private(self.kubeconfig_dir / f"{user}.kubeconfig", text.encode())
+        names = ["127.0.0.1", "localhost", self.kubernetes_service_ip, self.advertise_address,
+                 "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"]
+        pki.make_cluster(self.pki_dir, self.kubeconfig_dir, cluster=self.cluster_name, server=self.server,
+                         apiserver_names=names)
         self._ssl = None
 
     def ssl_context(self) -> ssl.SSLContext:
@@ -603,128 +508,28 @@ class ControlPlane:
 
     # ---- processes ---------------------------------------------------------------------------
 
-    def _argv(self, comp: str) -> list[str]:
-        b = str(self.bin_dir / comp)
-        d = self.pki_dir
-        k = self.kubeconfig_dir
-        p = self.ports
-        v = f"--v={self.verbosity}"
-        if comp == ETCD:
-            peer = f"http://127.0.0.1:{p.etcd_peer}"
-            argv = [
-                b, "--name=kxlb-lab", f"--data-dir={self.etcd_dir}",
-                f"--listen-client-urls={self.etcd_url}", f"--advertise-client-urls={self.etcd_url}",
-                f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
-                f"--initial-cluster=kxlb-lab={peer}", "--initial-cluster-state=new",
-                "--initial-cluster-token=kxlb-lab",
-                # A throwaway store: durability buys nothing, fsync latency slows the apiserver.
-                "--unsafe-no-fsync=true",
-                "--log-level=warn",
-            ]
-        elif comp == APISERVER:
-            argv = [
-                b,
-                f"--advertise-address={self.advertise_address}",
-                f"--bind-address={self.apiserver_bind_address}", f"--secure-port={p.apiserver}",
-                f"--etcd-servers={self.etcd_url}",
-                f"--client-ca-file={d / 'ca.crt'}",
-                f"--tls-cert-file={d / 'apiserver.crt'}", f"--tls-private-key-file={d / 'apiserver.key'}",
-                f"--kubelet-client-certificate={d / 'apiserver-kubelet-client.crt'}",
-                f"--kubelet-client-key={d / 'apiserver-kubelet-client.key'}",
-                # As kubeadm sets it: dial a kubelet at its InternalIP, never by its
-                # host name (the lab's node names resolve nowhere).
-                "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname",
-                "--authorization-mode=Node,RBAC",
-                "--enable-admission-plugins=NodeRestriction",
-                "--allow-privileged=true",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={d / 'sa.pub'}",
-                f"--service-account-signing-key-file={d / 'sa.key'}",
-                f"--service-cluster-ip-range={self.service_cidr}",
-                f"--requestheader-client-ca-file={d / 'front-proxy-ca.crt'}",
-                "--requestheader-allowed-names=front-proxy-client",
-                "--requestheader-username-headers=X-Remote-User",
-                "--requestheader-group-headers=X-Remote-Group",
-                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-                f"--proxy-client-cert-file={d / 'front-proxy-client.crt'}",
-                f"--proxy-client-key-file={d / 'front-proxy-client.key'}",
-                f"--cert-dir={d / 'apiserver-generated'}",
-                "--profiling=false",
-                v,
-            ]
-            if self.node_port_range:
-                argv.append(f"--service-node-port-range={self.node_port_range}")
-        elif comp == CONTROLLER_MANAGER:
-            kc = k / "controller-manager.kubeconfig"
-            argv = [
-                b,
-                f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
-                "--bind-address=127.0.0.1", f"--secure-port={p.controller_manager}",
-                f"--tls-cert-file={d / 'controller-manager-serving.crt'}",
-                f"--tls-private-key-file={d / 'controller-manager-serving.key'}",
-                f"--client-ca-file={d / 'ca.crt'}",
-                f"--root-ca-file={d / 'ca.crt'}",
-                f"--service-account-private-key-file={d / 'sa.key'}",
-                "--use-service-account-credentials=true",
-                f"--cluster-signing-cert-file={d / 'ca.crt'}",
-                f"--cluster-signing-key-file={d / 'ca.key'}",
-                f"--controllers={self.controllers}",
-                f"--service-cluster-ip-range={self.service_cidr}",
-                f"--cluster-name={self.cluster_name}",
-                # Default is /usr/libexec/kubernetes/..., which it would create on the host.
-                f"--flex-volume-plugin-dir={self.workdir / 'flexvolume'}",
-                "--leader-elect=false",
-                "--profiling=false",
-                v,
-            ]
-        elif comp == SCHEDULER:
-            kc = k / "scheduler.kubeconfig"
-            argv = [
-                b,
-                f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
-                "--bind-address=127.0.0.1", f"--secure-port={p.scheduler}",
-                f"--tls-cert-file={d / 'scheduler-serving.crt'}",
-                f"--tls-private-key-file={d / 'scheduler-serving.key'}",
-                f"--client-ca-file={d / 'ca.crt'}",
-                "--leader-elect=false",
-                "--profiling=false",
-                v,
-            ]
-        else:
-            raise KeyError(comp)
-        return argv + list(self.extra_args.get(comp, []))
-
     def _start(self, comp: str) -> None:
-        argv = self._argv(comp)
-        env = {k: v for k, v in os.environ.items() if k not in _PROXY_VARS and k != "KUBECONFIG"}
-        env[MARKER_ENV] = self.marker
-        logf = open(self.log_path(comp), "wb")
         try:
-            logf.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%S%z')} {' '.join(argv)}\n".encode())
-            logf.flush()
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                    cwd=self.workdir, env=env, start_new_session=True, close_fds=True)
+            proc = self.sup.spawn(comp, components.argv(self, comp))
         except OSError as e:
-            raise ControlPlaneError(f"{comp}: cannot start {argv[0]}: {e}") from e
-        finally:
-            logf.close()
-        self._procs[comp] = proc
-        st = procs.proc_stat(proc.pid)
-        info = {"pid": proc.pid, "start": st[1] if st else None, "argv": argv}
-        pki.write_public(self._pidfile(comp), (json.dumps(info) + "\n").encode())
+            raise ControlPlaneError(f"{comp}: cannot start {self.bin_dir / comp}: {e}") from e
         self._log(f"started {comp} (pid {proc.pid}), log {self.log_path(comp)}")
 
-    def _wait(self, comp: str, probe: Callable[[], tuple[bool, str]], timeout: float,
-              what: Optional[str] = None) -> None:
+    def _wait(self, comp: str, probe: Optional[Callable[[], tuple[bool, str]]] = None,
+              timeout: Optional[float] = None, what: Optional[str] = None) -> None:
+        """Until *probe* (default: the component's readiness) passes, or *comp* exits."""
         what = what or comp
+        probe = probe or (lambda: components.probe(self, comp))
+        if timeout is None:
+            timeout = {ETCD: self.timeouts.etcd, APISERVER: self.timeouts.apiserver}.get(comp, self.timeouts.controllers)
         deadline = time.monotonic() + timeout
         t0 = time.monotonic()
         detail = "not probed yet"
         while True:
-            proc = self._procs.get(comp)
-            if proc is not None and proc.poll() is not None:
+            code = self.sup.exit_code(comp)
+            if code is not None:
                 raise ControlPlaneError(
-                    f"{comp} exited with code {proc.returncode} while waiting for {what}; "
+                    f"{comp} exited with code {code} while waiting for {what}; "
                     f"log: {self.log_path(comp)}\n--- last lines ---\n{procs.tail(self.log_path(comp))}")
             ok, detail = probe()
             if ok:
@@ -743,14 +548,14 @@ class ControlPlane:
         its shutdown hooks. Processes found by the marker only go by their binary name."""
         targets: dict[int, tuple[str, Optional[int]]] = {}
         for comp in COMPONENTS:
-            info = self._read_pidfile(comp)
-            if info and procs.alive(info["pid"], info.get("start")):
+            info = self.sup.read(comp)
+            if info:
                 targets[info["pid"]] = (comp, info.get("start"))
-        for pid in procs.marked_pids(MARKER_ENV, self.marker):
+        for pid in self.sup.marked():
             if pid not in targets:
                 targets[pid] = (procs.exe_name(pid), None)
         if not targets:
-            self._reap()
+            self.sup.reap()
             return
         self._log("stopping " + ", ".join(f"{c} (pid {p})" for p, (c, _) in sorted(targets.items())))
         order = {SCHEDULER: 0, CONTROLLER_MANAGER: 0, APISERVER: 1, ETCD: 2}
@@ -759,77 +564,18 @@ class ControlPlane:
             self._stop_group(group)
         # Anything that appeared meanwhile (forked by one of them, or a racing start).
         for _ in range(3):
-            stray = procs.marked_pids(MARKER_ENV, self.marker)
+            stray = self.sup.marked()
             if not stray:
                 break
             self._stop_group({p: None for p in stray})
-        stray = procs.marked_pids(MARKER_ENV, self.marker)
+        stray = self.sup.marked()
         if stray:
             raise ControlPlaneError(f"processes {stray} of {self.workdir} survive SIGKILL")
 
     def _stop_group(self, group: procs.Group) -> None:
-        left = procs.stop(group, self.timeouts.stop_grace, log=self._log, poll=self._reap)
+        left = self.sup.stop(group, self.timeouts.stop_grace)
         if left:
             raise ControlPlaneError(f"processes {left} of {self.workdir} survive SIGKILL")
-
-    def _reap(self) -> None:
-        for comp, proc in list(self._procs.items()):
-            if proc.poll() is not None:
-                del self._procs[comp]
-
-    # ---- probes --------------------------------------------------------------------------------
-
-    def _probe(self, comp: str) -> tuple[bool, str]:
-        if comp == ETCD:
-            return self._probe_etcd()
-        if comp == APISERVER:
-            return self._probe_apiserver()
-        port = {CONTROLLER_MANAGER: (self.ports.controller_manager, "/healthz"),
-                SCHEDULER: (self.ports.scheduler, "/healthz")}[comp]
-        return self._probe_https(*port)
-
-    @staticmethod
-    def _opener(ctx: Optional[ssl.SSLContext] = None) -> urllib.request.OpenerDirector:
-        handlers: list = [urllib.request.ProxyHandler({})]  # never a proxy, whatever the env says
-        if ctx is not None:
-            handlers.append(urllib.request.HTTPSHandler(context=ctx))
-        return urllib.request.build_opener(*handlers)
-
-    def _get(self, url: str, ctx: Optional[ssl.SSLContext] = None) -> tuple[int, str]:
-        try:
-            with self._opener(ctx).open(url, timeout=5) as r:
-                return r.status, r.read(16384).decode(errors="replace")
-        except urllib.error.HTTPError as e:
-            return e.code, e.read(16384).decode(errors="replace")
-
-    def _probe_etcd(self) -> tuple[bool, str]:
-        try:
-            code, body = self._get(f"{self.etcd_url}/health")
-        except (OSError, urllib.error.URLError) as e:
-            return False, str(e)
-        try:
-            ok = code == 200 and json.loads(body).get("health") == "true"
-        except ValueError:
-            ok = False
-        return ok, f"HTTP {code}: {body.strip()[:200]}"
-
-    def _probe_https(self, port: int, path: str, host: str = "127.0.0.1") -> tuple[bool, str]:
-        try:
-            code, body = self._get(f"https://{host}:{port}{path}", self.ssl_context())
-        except (OSError, urllib.error.URLError, ssl.SSLError) as e:
-            return False, str(e)
-        if code == 200:
-            return True, "ok"
-        # /readyz and /healthz list their checks; name only the failing ones.
-        failed = [ln[3:].strip() for ln in body.splitlines() if ln.startswith("[-]")]
-        return False, f"HTTP {code}: " + ("failing: " + "; ".join(failed) if failed else body.strip()[:300])
-
-    def _probe_apiserver(self) -> tuple[bool, str]:
-        return self._probe_https(self.ports.apiserver, "/readyz?verbose", self._apiserver_host)
-
-    def _probe_default_sa(self) -> tuple[bool, str]:
-        return self._probe_https(self.ports.apiserver, "/api/v1/namespaces/default/serviceaccounts/default",
-                                 self._apiserver_host)
 
 
 # ----------------------------------------------------------------------------- manual CLI

@@ -237,16 +237,10 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bl
         name = self.node.name
         pki.write_public(k / "pki" / "ca.crt", ca.cert_pem)
         client = pki.issue(ca, f"system:node:{name}", orgs=["system:nodes"], client=True)
-        crt, key = pki.save(client, k / "pki", "kubelet-client")
-        kubeconfig = {
-            "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": "kxlb", "cluster": {"server": f"https://127.0.0.1:{self.api_port}",
-                                                       "certificate-authority": str(k / "pki" / "ca.crt")}}],
-            "users": [{"name": name, "user": {"client-certificate": str(crt), "client-key": str(key)}}],
-            "contexts": [{"name": name, "context": {"cluster": "kxlb", "user": name}}],
-            "current-context": name,
-        }
-        pki.write_private(k / "kubeconfig", json.dumps(kubeconfig, indent=2).encode())
+        pki.save(client, k / "pki", "kubelet-client")
+        kubeconfig = pki.kubeconfig(f"https://127.0.0.1:{self.api_port}", ca.cert_pem, f"system:node:{name}",
+                                    client.cert_pem, client.key_pem)
+        pki.write_private(k / "kubeconfig", kubeconfig.encode())
         # No upstream DNS: a pod with dnsPolicy Default (and the host network) resolves nothing
         # outside the cluster, as the lab reaches nothing outside the machine.
         (k / "resolv.conf").write_text("# lab node: no upstream DNS server\noptions ndots:1\n")

@@ -194,3 +194,62 @@ def load(directory: Path, stem: str) -> CertKey:
     if not isinstance(key, ec.EllipticCurvePrivateKey):
         raise ValueError(f"{directory}/{stem}.key is not an EC key")
     return CertKey(cert, key)
+
+
+# ---- a cluster's certificates and kubeconfigs ----------------------------------------------------
+
+def kubeconfig(server: str, ca_pem: bytes, user: str, cert_pem: bytes, key_pem: bytes,
+               cluster: str = "kxlb") -> str:
+    """A kubeconfig for *user* (certificates embedded); JSON, which is YAML too."""
+    import base64
+    import json
+
+    def b64(b: bytes) -> str:
+        return base64.b64encode(b).decode()
+    ctx = f"{user}@{cluster}"
+    return json.dumps({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": cluster, "cluster": {"server": server, "certificate-authority-data": b64(ca_pem)}}],
+        "users": [{"name": user, "user": {"client-certificate-data": b64(cert_pem),
+                                          "client-key-data": b64(key_pem)}}],
+        "contexts": [{"name": ctx, "context": {"cluster": cluster, "user": user}}],
+        "current-context": ctx,
+    }, indent=2) + "\n"
+
+
+def make_cluster(pki_dir: Path, kubeconfig_dir: Path, *, cluster: str, server: str,
+                 apiserver_names: Sequence[str]) -> None:
+    """A control plane's PKI as kubeadm lays it out: the cluster CA and the serving and
+    client certificates of each component, the front-proxy CA, the service-account key
+    pair, and a kubeconfig per user (admin, controller-manager, scheduler, kube-proxy)."""
+    d = Path(pki_dir)
+    ca = make_ca(f"{cluster}-lab-ca")
+    save(ca, d, "ca")
+    save(issue(ca, "kube-apiserver", server_names=apiserver_names, server=True), d, "apiserver")
+    save(issue(ca, "kube-apiserver-kubelet-client", orgs=["system:masters"], client=True),
+         d, "apiserver-kubelet-client")
+    local = ["127.0.0.1", "localhost"]
+    save(issue(ca, "kube-controller-manager", server_names=local, server=True), d, "controller-manager-serving")
+    save(issue(ca, "kube-scheduler", server_names=local, server=True), d, "scheduler-serving")
+
+    # Front-proxy (requestheader) CA: without it the controller-manager and the
+    # scheduler log an error every few seconds, and aggregated APIs cannot work.
+    fp = make_ca(f"{cluster}-lab-front-proxy-ca")
+    save(fp, d, "front-proxy-ca")
+    save(issue(fp, "front-proxy-client", client=True), d, "front-proxy-client")
+
+    sa = new_key()
+    write_private(d / "sa.key", key_pem(sa))
+    write_public(d / "sa.pub", public_pem(sa))
+
+    users = {
+        "admin": issue(ca, "kubernetes-admin", orgs=["system:masters"], client=True),
+        "controller-manager": issue(ca, "system:kube-controller-manager", client=True),
+        "scheduler": issue(ca, "system:kube-scheduler", client=True),
+        # For running upstream kube-proxy against the lab, for comparison.
+        "kube-proxy": issue(ca, "system:kube-proxy", orgs=["system:node-proxier"], client=True),
+    }
+    for user, ck in users.items():
+        save(ck, d, f"{user}-client")
+        text = kubeconfig(server, ca.cert_pem, user, ck.cert_pem, ck.key_pem, cluster)
+        write_private(Path(kubeconfig_dir) / f"{user}.kubeconfig", text.encode())

@@ -2,7 +2,7 @@
 ready, and how to remove what it left in the node (nftables tables, KUBE-* iptables
 chains of either backend, tc and XDP programs, pins, cgroup programs).
 
-Pure per-node functions; `Lab.set_proxy` (cluster.py) switches every node with them."""
+Pure per-node functions; `lab/proxyrun.py` (`Lab.set_proxy`) switches every node with them."""
 from __future__ import annotations
 
 import json

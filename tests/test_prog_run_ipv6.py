@@ -309,12 +309,16 @@ def test_maglev_spreads_ipv6_flows_and_a_set_change_keeps_most(hook, table):
     assert 0 < moved < 200 * 0.4, f"{moved} of 200 flows moved for one backend more"
 
 
-def test_an_ipv6_node_port_from_outside_is_masqueraded_to_the_nodes_ipv6_address(hook, table):
-    key = ServiceKey("fd00:96::50", PORT, 6)
-    table.put(LbService(key=key, cluster=(Backend(BACKEND, BPORT),), has_endpoints=True,
-                        frontends=(Frontend(ServiceKey(NODE6, 30080, 6), Kind.NODE_PORT),)))
+def node_port6(table, cip: str, node_port: int, backend: Backend) -> None:
+    """A NodePort service on NODE6 with one backend, the node masquerading to NODE6."""
+    table.put(LbService(key=ServiceKey(cip, PORT, 6), cluster=(backend,), has_endpoints=True,
+                        frontends=(Frontend(ServiceKey(NODE6, node_port, 6), Kind.NODE_PORT),)))
     table.set_config(DatapathConfig(snat_addrs=("10.0.0.1", NODE6), cluster_cidrs=("fd00:10::/32",),
                                     service_cidrs=CONFIG.service_cidrs))
+
+
+def test_an_ipv6_node_port_from_outside_is_masqueraded_to_the_nodes_ipv6_address(hook, table):
+    node_port6(table, "fd00:96::50", 30080, Backend(BACKEND, BPORT))
     outside = "2001:db8:99::7"
     verdict, out = hook.run(eth(IPv6(src=outside, dst=NODE6) / TCP(sport=41000, dport=30080, flags="S")))
     assert verdict == hook.translated
@@ -328,11 +332,7 @@ def test_an_ipv6_node_port_from_outside_is_masqueraded_to_the_nodes_ipv6_address
 def test_an_ipv6_host_network_endpoint_of_this_node_answers_through_egress(hook, table, egress):
     """The node's own IPv6 address as an endpoint: not masqueraded, and the reply its
     stack sends is translated at tc egress (IPv4: test_prog_run_service_types.py)."""
-    key = ServiceKey("fd00:96::51", PORT, 6)
-    table.put(LbService(key=key, cluster=(Backend(NODE6, 18080),), has_endpoints=True,
-                        frontends=(Frontend(ServiceKey(NODE6, 30081, 6), Kind.NODE_PORT),)))
-    table.set_config(DatapathConfig(snat_addrs=("10.0.0.1", NODE6), cluster_cidrs=("fd00:10::/32",),
-                                    service_cidrs=CONFIG.service_cidrs))
+    node_port6(table, "fd00:96::51", 30081, Backend(NODE6, 18080))
     outside = "2001:db8:99::8"
     verdict, out = hook.run(eth(IPv6(src=outside, dst=NODE6) / TCP(sport=41001, dport=30081, flags="S")))
     assert verdict == hook.translated

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from kxlb.lab.cluster import MARKER_ENV, Lab, marked_pids
+from kxlb.lab.cluster import MARKER_ENV, Lab
 from kxlb.lab.controlplane import MARKER_ENV as CP_MARKER, _port_busy
 from kxlb.lab.procs import marked_pids as procs_marked
 from kxlb.lab.nodes import netns_list
@@ -19,7 +19,7 @@ from kxlb.lab.nodes import netns_list
 def _leftovers(lab) -> list[str]:
     out, name = [], lab.name
     wd = str(lab.workdir)
-    out += [f"process {p} ({MARKER_ENV})" for p in marked_pids(wd)]
+    out += [f"process {p} ({MARKER_ENV})" for p in procs_marked(MARKER_ENV, wd)]
     out += [f"process {p} ({CP_MARKER})" for p in procs_marked(CP_MARKER, wd)]
     out += [f"netns {n}" for n in netns_list() if n.startswith(f"{name}-")]
     out += [f"interface {i}" for i in os.listdir("/sys/class/net") if i.startswith(name)]
