@@ -15,6 +15,12 @@ static __always_inline int KX_(ct_live)(const struct KX_(ct_entry) *e, __u8 prot
 	return now < e->last_ns + ct_lifetime_ns(proto, e->flags);
 }
 
+/* The packet comes from the flow's backend (its REV entry's backend side): a reply. */
+static __always_inline int KX_(ct_from_backend)(const struct KX_(ct_entry) *e, const struct KX_(pkt) *p)
+{
+	return KX_EQ(e->backend_addr, p->saddr) && e->backend_port == p->sport;
+}
+
 /* Flags a packet adds to its flow's state. */
 static __always_inline __u64 KX_(ct_flags_of)(const struct KX_(pkt) *p, __u8 dir)
 {

@@ -251,7 +251,7 @@ static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len
 		if (!now)
 			now = ct_now();
 		if (KX_(ct_live)(e, p->proto, now)) {
-			if (KX_EQ(e->backend_addr, p->saddr) && e->backend_port == p->sport)
+			if (KX_(ct_from_backend)(e, p))
 				return KX_(ct_translate)(&k, e, p, now, n);
 			KX_(ct_forget)(&k, e);
 		}
@@ -317,7 +317,7 @@ static __always_inline int KX_(local_reply_plan)(const struct KX_(pkt) *p, struc
 		return LB_PASS;
 	KX_(ct_rev_key)(p->saddr, p->sport, p->daddr, p->dport, p->proto, &k);
 	e = KX_(ct_map).lookup(&k);
-	if (!e || !KX_EQ(e->backend_addr, p->saddr) || e->backend_port != p->sport)
+	if (!e || !KX_(ct_from_backend)(e, p))
 		return LB_PASS; /* not a reply: the node talking to the flow's source itself */
 	now = ct_now();
 	if (!KX_(ct_live)(e, p->proto, now))

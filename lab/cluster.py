@@ -52,7 +52,6 @@ DEFAULT_WORKDIR = cpmod.DEFAULT_WORKDIR
 MARKER_ENV = LAB_MARKER
 
 
-REPO = Path(__file__).resolve().parent.parent
 # Which work directory owns a lab name (its namespaces, cgroups, pins): /run/kxlb-lab/<name>.json.
 CLAIM_DIR = Path("/run/kxlb-lab")
 
@@ -75,7 +74,7 @@ class Lab:
         self.log = log or (lambda msg: print(f"lab: {msg}", file=sys.stderr, flush=True))
         self.topology = Topology(name, nodes)
         # The lab's own processes (the control plane's have theirs): run/lab-<role>.pid.
-        self.sup = Supervisor(self.workdir, MARKER_ENV, prefix="lab-", log=self.log)
+        self.sup = Supervisor(self.workdir, MARKER_ENV, error=LabError, prefix="lab-", log=self.log)
 
     # ---- configuration ---------------------------------------------------------------------
     @property
@@ -194,17 +193,6 @@ class Lab:
         """A new kubernetes.client.ApiClient for the admin kubeconfig (close it when done)."""
         from kubernetes import config
         return config.new_client_from_config(config_file=str(self.kubeconfig))
-
-    # ---- processes ---------------------------------------------------------------------------
-    def _stop(self, group: procs.Group, grace: float = 5.0) -> None:
-        left = self.sup.stop(group, grace)
-        if left:
-            raise LabError(f"processes {left} survive SIGKILL")
-
-    def _stop_roles(self, roles: list[str], grace: float = 5.0) -> None:
-        left = self.sup.stop_roles(roles, grace)
-        if left:
-            raise LabError(f"processes {left} survive SIGKILL")
 
     # ---- up ----------------------------------------------------------------------------------
     def up(self, *, build: bool = True, timeout: float = 180) -> "Lab":
@@ -359,7 +347,7 @@ class Lab:
     def _start_agent(self, n: NodeSpec) -> None:
         argv = [sys.executable, "-m", "kxlb.lab.podagent", "--workdir", str(self.workdir), "--node", n.name]
         p = self.sup.spawn(f"agent-{n.name}", argv, f"agent-{n.name}")
-        self.log(f"pod agent for {n.name} started (pid {p.pid}), log {self.workdir / 'logs' / f'agent-{n.name}.log'}")
+        self.log(f"pod agent for {n.name} started (pid {p.pid}), log {self.sup.log_path(f'agent-{n.name}')}")
 
     def _wait_nodes(self, timeout: float) -> None:
         """Until every Node is Ready and carries no not-ready/unreachable taint."""
@@ -373,7 +361,7 @@ class Lab:
                 for n in self.node_specs:
                     for role in self._node_roles(n):
                         if not self.sup.read(role):
-                            logp = self.workdir / "logs" / f"{role}.log"
+                            logp = self.sup.log_path(role)
                             raise LabError(f"{role} exited; log {logp}:\n{procs.tail(logp)}")
                 try:
                     nodes = {x["metadata"]["name"]: x for x in
@@ -434,7 +422,7 @@ class Lab:
         nodes = [(n, self.kubelet_node(n)) for n in self.node_specs]
         maps = []
         api = f"-/127.0.0.1:{self.api_port}"
-        for n, kn in nodes:
+        for n in self.node_specs:
             # The API server's advertise address (the `kubernetes` Service's endpoint) is a
             # local address of every node too, relayed like 127.0.0.1: pods reach the API
             # server through the Service, as on a cluster whose nodes route to it.
@@ -442,21 +430,21 @@ class Lab:
             maps += [f"{n.netns}/127.0.0.1:{self.api_port}={api}",
                      f"{n.netns}/{self.advertise_address}:{self.api_port}={api}"]
         self.sup.spawn("relay", [sys.executable, "-m", "kxlb.lab.relay", *(f"--map={m}" for m in maps),
-                              f"--connect={self.egress_socket}={self.node_specs[0].netns}"], "relay")
+                                 f"--connect={self.egress_socket}={self.node_specs[0].netns}"], "relay")
         self._create_nodes([kn.node_object() for _, kn in nodes])
         for n, kn in nodes:
             kn.prepare(ca, sys.executable)
             holder = self.sup.spawn(f"holder-{n.name}", kn.holder_argv(pause), f"holder-{n.name}", cgroup=n.cgroup)
             kubelet.wait_for(f"the namespace holder of {n.name}", lambda: _entered(holder.pid, str(pause)), 10)
             self.sup.spawn(f"containerd-{n.name}", kn.containerd_argv(holder.pid), f"containerd-{n.name}",
-                        cgroup=n.cgroup, extra_env=kn.containerd_env())
+                           cgroup=n.cgroup, extra_env=kn.containerd_env())
         for n, kn in nodes:
             kubelet.wait_for(f"containerd of {n.name}", kn.containerd_ready, 60,
-                             lambda: procs.tail(self.workdir / "logs" / f"containerd-{n.name}.log"))
+                             lambda: procs.tail(self.sup.log_path(f"containerd-{n.name}")))
             kn.import_images(imgs)
             holder = self.sup.read(f"holder-{n.name}")
             self.sup.spawn(f"kubelet-{n.name}", kn.kubelet_argv(int(holder["pid"])), f"kubelet-{n.name}",
-                        cgroup=n.cgroup)
+                           cgroup=n.cgroup)
         # Cluster DNS, as kubeadm deploys it; it answers once a service proxy runs (its
         # pods reach the API server through the `kubernetes` Service).
         self.kubectl("apply", "-f", str(kubelet.ADDONS / "coredns.yaml"))
@@ -479,7 +467,7 @@ class Lab:
 
     def restart_agent(self, which: int | str) -> None:
         n = self.node(which)
-        self._stop_roles([f"agent-{n.name}"])
+        self.sup.stop_roles([f"agent-{n.name}"], 5.0)
         self._start_agent(n)
 
     # ---- proxies (lab/proxyrun.py) ----------------------------------------------------------------
@@ -502,8 +490,8 @@ class Lab:
         """Stop every process, remove every namespace, interface, cgroup and pin of this lab.
         Idempotent; works after a crash (pidfiles, environment marker, name prefixes)."""
         t0 = time.monotonic()
-        self._stop_roles(self.sup.roles())
-        self._stop({p: None for p in self.sup.marked()}, grace=2.0)
+        self.sup.stop_roles(self.sup.roles(), 5.0)
+        self.sup.stop({p: None for p in self.sup.marked()}, 2.0)
         try:
             # As configured by its last up(): the interface and ports it really made.
             ControlPlane.from_workdir(self.workdir, log=lambda m: self.log(f"controlplane: {m}")).down()
@@ -526,7 +514,7 @@ class Lab:
             removed += kubelet.remove_v1_cgroups("/" + os.path.relpath(self.topology.cgroup_dir,
                                                                        self.topology.cgroup_root))
             self._claim_path().unlink(missing_ok=True)
-        self._stop({p: None for p in self.sup.marked()}, grace=2.0)
+        self.sup.stop({p: None for p in self.sup.marked()}, 2.0)
         shutil.rmtree(self.workdir / "nodes", ignore_errors=True)
         if self.read_state():
             self._write_state({"state": "down", "proxy": "none"})  # keeps the lab's identity for later commands

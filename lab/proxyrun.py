@@ -157,7 +157,7 @@ class ProxyRunner:
     def stop(self) -> None:
         """Stop proxy processes (with what they forked) and remove what they left in the nodes."""
         lab = self.lab
-        lab._stop_roles([f"proxy-{n.name}" for n in lab.node_specs])
+        lab.sup.stop_roles([f"proxy-{n.name}" for n in lab.node_specs], 5.0)
         st = lab.read_state() or {}
         if lab.kubelet and st.get("state") == "up" and st.get("proxy", "none") != "none":
             # Foreground: returns once the pods are gone (their datapath stays until clear_node).

@@ -42,14 +42,15 @@ def clean_env(marker_env: str, marker: str, extra: Optional[dict] = None) -> dic
 class Supervisor:
     """The processes of one work directory under one marker (see the module's doc)."""
 
-    def __init__(self, workdir: Path, marker_env: str, *, prefix: str = "", fresh_logs: bool = False,
-                 log: Callable[[str], None] = lambda _: None):
+    def __init__(self, workdir: Path, marker_env: str, *, error: type[Exception], prefix: str = "",
+                 fresh_logs: bool = False, log: Callable[[str], None] = lambda _: None):
         self.workdir = Path(workdir)
         self.marker_env = marker_env
         self.marker = str(self.workdir)
         self.prefix = prefix            # pidfile names: run/<prefix><role>.pid
         self.fresh_logs = fresh_logs    # a new log per start (else appended to)
         self.log = log
+        self.error = error              # raised for processes that survive SIGKILL
         self.children: dict[str, subprocess.Popen] = {}  # started by this process
 
     def pidfile(self, role: str) -> Path:
@@ -112,17 +113,19 @@ class Supervisor:
         """Every live process carrying this supervisor's marker."""
         return procs.marked_pids(self.marker_env, self.marker)
 
-    def stop(self, group: procs.Group, grace: float) -> list[int]:
-        """SIGTERM to each process group, SIGKILL after *grace*; returns the pids that
-        survived even that."""
-        return procs.stop(group, grace, log=self.log, poll=self.reap)
+    def stop(self, group: procs.Group, grace: float) -> None:
+        """SIGTERM to each process group, SIGKILL after *grace*; raises ``error`` naming
+        the pids that survive even that."""
+        left = procs.stop(group, grace, log=self.log, poll=self.reap)
+        if left:
+            raise self.error(f"processes {left} of {self.workdir} survive SIGKILL")
 
-    def stop_roles(self, roles: Iterable[str], grace: float) -> list[int]:
-        """Stop these roles' processes and remove their pidfiles; returns the survivors."""
+    def stop_roles(self, roles: Iterable[str], grace: float) -> None:
+        """Stop these roles' processes and remove their pidfiles."""
         group: procs.Group = {}
         for role in roles:
             info = self.read(role)
             if info:
                 group[int(info["pid"])] = info.get("start")
             self.pidfile(role).unlink(missing_ok=True)
-        return self.stop(group, grace)
+        self.stop(group, grace)
