@@ -304,15 +304,44 @@ def family_of(ip: str) -> Family:
 
 # --- boundary types -------------------------------------------------------------------
 
+# Addresses no service or backend can have. Kubernetes refuses unspecified, loopback and
+# link-local addresses (and link-local multicast) for endpoints and external IPs
+# (ValidateEndpointIP / ValidateNonSpecialIP in pkg/apis/core/validation). kxlb also
+# refuses the rest of multicast, which Kubernetes lets through ("probably a bug", says its
+# comment), and the IPv4 broadcast address: neither names one host, so a connection to or
+# through them cannot be translated and answered.
+_SPECIAL = tuple((ipaddress.ip_network(net), why) for net, why in (
+    ("0.0.0.0/32", "the unspecified address"), ("::/128", "the unspecified address"),
+    ("255.255.255.255/32", "the broadcast address"),
+    ("127.0.0.0/8", "loopback (127.0.0.0/8)"), ("::1/128", "loopback (::1)"),
+    ("169.254.0.0/16", "link-local (169.254.0.0/16)"), ("fe80::/10", "link-local (fe80::/10)"),
+    ("224.0.0.0/4", "multicast (224.0.0.0/4)"), ("ff00::/8", "multicast (ff00::/8)"),
+))
+
+_DOTTED_QUAD = re.compile(r"[0-9]+(\.[0-9]+){3}")
+
+
 def parse_ip(text: str, what: str) -> str:
-    """An IPv4 or IPv6 address in canonical text form (IPv6 compressed, lower case);
-    IPv4-mapped IPv6 addresses are refused: a service or backend has one family."""
+    """A service or backend address in canonical text form (IPv6 compressed, lower case).
+    Refused: what is not an IP address, IPv4 octets with a leading zero (ambiguous: octal
+    to inet_aton, decimal to Go and Python, hence CVE-2021-29923), IPv4-mapped IPv6
+    addresses (a service or backend has one family), IPv6 zone indexes (the maps hold bare
+    addresses) and the special addresses of _SPECIAL."""
     try:
         addr = ipaddress.ip_address(text)
     except ValueError:
+        if _DOTTED_QUAD.fullmatch(text) and any(len(o) > 1 and o[0] == "0" for o in text.split(".")):
+            raise KxlbError(f"{what}: {text!r} has an IPv4 octet with a leading zero, which some "
+                            "parsers read as octal: write it without") from None
         raise KxlbError(f"{what}: {text!r} is not an IP address") from None
     if addr.version == 6 and addr.ipv4_mapped is not None:
         raise KxlbError(f"{what}: {text!r} is an IPv4-mapped IPv6 address; give the IPv4 address")
+    if addr.version == 6 and addr.scope_id is not None:
+        raise KxlbError(f"{what}: {text!r} has an IPv6 zone index (%{addr.scope_id}): "
+                        "give the address without it")
+    for net, why in _SPECIAL:
+        if addr in net:
+            raise KxlbError(f"{what}: {text!r} is {why}: not usable as a service or backend address")
     return canonical_ip(str(addr))
 
 
@@ -338,14 +367,25 @@ def format_addr_port(addr: str, port: int) -> str:
     return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
 
 
+_DECIMAL = re.compile(r"[0-9]+")   # [0-9], not \d: \d matches every script's digits
+
+
+def parse_number(text: str, what: str, lo: int, hi: int) -> int:
+    """``text`` as an integer lo..hi written in ASCII decimal digits; leading zeros are
+    allowed ('080' is 80), as Go's strconv.Atoi and so kube-proxy take them. Not int(text)
+    alone: it also takes a sign, underscores, surrounding spaces and other scripts' digits
+    ('+81', '8_0', ' 81', '٨٠')."""
+    if not _DECIMAL.fullmatch(text):
+        raise KxlbError(f"{what} {text!r} is not a decimal number")
+    digits = text.lstrip("0") or "0"
+    # Longer than hi is out of range (and int() refuses strings of thousands of digits).
+    if len(digits) > len(str(hi)) or not lo <= int(digits) <= hi:
+        raise KxlbError(f"{what} {text} is out of range {lo}-{hi}")
+    return int(digits)
+
+
 def parse_port(text: str | int, what: str) -> int:
-    try:
-        port = int(text)
-    except (TypeError, ValueError):
-        raise KxlbError(f"{what}: port {text!r} is not a number") from None
-    if not 1 <= port <= 65535:
-        raise KxlbError(f"{what}: port {port} is out of range 1-65535")
-    return port
+    return parse_number(str(text), f"{what}: port", 1, 65535)
 
 
 def parse_proto(text: str, what: str) -> int:

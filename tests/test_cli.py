@@ -66,6 +66,10 @@ def pin(small_dp):
     (["service", "add", "[fd00::zz]:80/tcp"], "'fd00::zz' is not an IP address"),
     (["service", "add", "[::ffff:10.1.0.1]:80/tcp"], "IPv4-mapped"),
     (["service", "add", "[fd00::10]:80/tcp", "--external-ip", "203.0.113.9"], "203.0.113.9:80/tcp (ExternalIP)"),
+    (["service", "add", f"{VIP}:8_0/tcp", "10.1.0.1:80"], "port '8_0' is not a decimal number"),
+    (["service", "add", "127.0.0.1:81/tcp", "10.1.0.1:80"], "'127.0.0.1' is loopback"),
+    (["service", "add", f"{VIP}:81/tcp", "10.1.0.1:80", "--external-ip", "224.0.0.1"], "'224.0.0.1' is multicast"),
+    (["service", "add", "[fd00::10]:81/tcp", "[fd00::1%eth0]:80"], "IPv6 zone index"),
 ])
 def test_bad_input_is_one_clear_line_and_changes_nothing(pin, args, names):
     before = listing(pin)
@@ -134,6 +138,16 @@ def test_service_add_with_every_frontend_kind_and_option(pin):
              *[a for c in ("192.0.2.0/24", "198.18.0.0/15") for a in ("--source-range", c)])
     assert r.returncode == 1 and "source range map full: 1 of 2" in r.stderr, r.stderr
     assert listing(pin) == before
+
+
+def test_ports_may_have_leading_zeros(pin):
+    """Decimal digits only, with leading zeros allowed as Go's strconv.Atoi (kube-proxy)
+    allows them: 0443 is 443, never octal."""
+    r = kxlb(pin, "service", "add", f"{VIP}:0443/tcp", "10.1.0.1:08443", "--node-port", "10.250.0.11:030443")
+    assert r.returncode == 0, r.stderr
+    svc = next(s for s in listing(pin) if s["port"] == 443)
+    assert (svc["backends"], svc["frontends"][1]) == (["10.1.0.1:8443"],
+                                                      {"address": "10.250.0.11", "port": 30443, "kind": "NodePort"})
 
 
 def test_help_lists_every_command():
