@@ -6,13 +6,17 @@ command leaves the maps as they were.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
+import string
 import sys
 
+import kxlb
 from kxlb.loader import conntrack, datapath
 from kxlb.loader.errors import KxlbError
-from kxlb.loader.layout import PROTO_NAMES, Backend, ServiceKey, format_addr_port, parse_addr_port, parse_ip
+from kxlb.loader.layout import (PROTO_NAMES, Backend, ServiceKey, format_addr_port, parse_addr_port, parse_ip,
+                                parse_number)
 from kxlb.loader.maps import DEFAULT_PIN_DIR, Maps
 from kxlb.loader.services import ServiceTable
 from kxlb.loader.svcspec import Frontend, Kind, LbService
@@ -47,15 +51,12 @@ def cmd_unload(a) -> None:
 
 # --- services -------------------------------------------------------------------------------
 def _spec_from_args(a, key: ServiceKey) -> LbService:
-    """`service add` arguments -> the service port they describe."""
-    cluster = tuple(Backend.parse(b) for b in a.backends)
-    local = tuple(Backend.parse(b) for b in a.local)
-    fes = [Frontend(ServiceKey(*parse_addr_port(t, f"--node-port {t!r}", "ADDR:PORT"), key.proto), Kind.NODE_PORT)
-           for t in a.node_port]
-    fes += [Frontend(ServiceKey(parse_ip(ip, "--external-ip"), key.port, key.proto), Kind.EXTERNAL_IP)
-            for ip in a.external_ip]
-    fes += [Frontend(ServiceKey(parse_ip(ip, "--load-balancer-ip"), key.port, key.proto), Kind.LOAD_BALANCER)
-            for ip in a.load_balancer_ip]
+    """`service add` arguments -> the service port they describe (the options arrive
+    parsed: build_parser gives them types, so that bad ones fail before a map is opened)."""
+    cluster, local = tuple(Backend.parse(b) for b in a.backends), tuple(a.local)
+    fes = [Frontend(ServiceKey(addr, port, key.proto), Kind.NODE_PORT) for addr, port in a.node_port]
+    fes += [Frontend(ServiceKey(ip, key.port, key.proto), Kind.EXTERNAL_IP) for ip in a.external_ip]
+    fes += [Frontend(ServiceKey(ip, key.port, key.proto), Kind.LOAD_BALANCER) for ip in a.load_balancer_ip]
     return LbService(key=key, cluster=cluster, local=local, frontends=tuple(fes),
                      internal_local=a.internal_local, external_local=a.external_local,
                      has_endpoints=bool(cluster or local), affinity_s=a.affinity,
@@ -185,12 +186,104 @@ def cmd_stats(a) -> None:
         print(f"  {name:14} {v}")
 
 
+# --- version --------------------------------------------------------------------------------
+def _layout_version() -> int | None:
+    """The datapath's map layout version (kxlb.loader.mapspec), None where that module does
+    not exist yet. Imported here only: `kxlb version` must work without it."""
+    try:
+        mapspec = importlib.import_module("kxlb.loader.mapspec")
+    except ModuleNotFoundError as exc:
+        if exc.name != "kxlb.loader.mapspec":
+            raise
+        return None
+    return getattr(mapspec, "LAYOUT_VERSION", None)
+
+
+def version_info() -> dict:
+    return {"version": kxlb.version(), "commit": kxlb.git_commit(), "layout_version": _layout_version()}
+
+
+def version_text() -> str:
+    info = version_info()
+    lines = [f"kxlb {info['version']}",
+             f"commit {info['commit'] or 'unknown (not run from a git checkout)'}"]
+    if info["layout_version"] is not None:
+        lines.append(f"datapath layout {info['layout_version']}")
+    return "\n".join(lines)
+
+
+def cmd_version(a) -> None:
+    if a.json:
+        _print_json(version_info())
+    else:
+        print(version_text())
+
+
+class _PrintVersion(argparse.Action):
+    """--version: the `version` command's text, computed only when asked for (argparse's
+    own version action takes a string made with the parser)."""
+
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
+
+
 # --- parser ---------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's contract for bad input, one line `kxlb: error: ...` and
+    status 1 (main prints it), where argparse prints its usage and exits 2. Sub-parsers
+    are made of the same class (add_subparsers passes type(self) on), those that other
+    packages register through _extensions() included."""
+
+    def error(self, message: str):
+        command = self.prog.partition(" ")[2]   # "service add" of "kxlb service add"
+        # argparse quotes most values it reports, but not unrecognized arguments.
+        message = message.replace("\n", "\\n").replace("\r", "\\r")
+        raise KxlbError(f"{command}: {message}" if command else message)
+
+
+_PIN_DIR_CHARS = frozenset(string.ascii_letters + string.digits + "/._-@+:")
+
+
+def check_pin_dir(path: str, what: str = "--pin-dir") -> str:
+    """``path`` if it is fit for a pin directory, else a KxlbError naming ``what``.
+    loader/compile.py pastes the path into the datapath's C source as a string literal
+    (-DKXLB_PIN_DIR="..."), so a quote, backslash or newline would break the compile with
+    compiler noise, or change the program: hence a few safe characters. Absolute and
+    without '..', so that it names one directory whatever the working directory."""
+    if not path.startswith("/"):
+        raise KxlbError(f"{what} {path!r}: must be an absolute path")
+    bad = sorted({c for c in path if c not in _PIN_DIR_CHARS})
+    if bad:
+        raise KxlbError(f"{what} {path!r}: {', '.join(map(repr, bad))} not allowed "
+                        "(letters, digits and /._-@+: only)")
+    if ".." in path.split("/"):
+        raise KxlbError(f"{what} {path!r}: must not contain '..'")
+    return path
+
+
+# Types of the options of `service add`: bad values fail while parsing, naming the option.
+def _node_port(text: str) -> tuple[str, int]:
+    return parse_addr_port(text, f"--node-port {text!r}", "ADDR:PORT")
+
+
+def _local_backend(text: str) -> Backend:
+    return Backend(*parse_addr_port(text, f"--local {text!r}", "ADDR:PORT"))
+
+
+def _affinity(text: str) -> int:
+    return parse_number(text, "--affinity", 0, 86400)   # kube-proxy's limit, as LbService checks
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kxlb", description=(
+    p = _Parser(prog="kxlb", description=(
         "eBPF/XDP service load balancer. Standalone mode: declare VIP:PORT/PROTO -> backends "
         "like ipvsadm; the kernel datapath does the rest, with no kxlb process running."))
-    p.add_argument("--pin-dir", default=os.environ.get("KXLB_PIN_DIR", DEFAULT_PIN_DIR),
+    p.add_argument("--version", action=_PrintVersion, help="print the version and exit")
+    p.add_argument("--pin-dir", type=check_pin_dir, default=os.environ.get("KXLB_PIN_DIR", DEFAULT_PIN_DIR),
                    help="bpffs directory of the pinned maps (env KXLB_PIN_DIR; default %(default)s)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -224,24 +317,27 @@ def build_parser() -> argparse.ArgumentParser:
                            ("set-backends", "replace a service's backends (atomically for packets)")):
         s = ssub.add_parser(name, help=helptext)
         s.add_argument("service", metavar="VIP:PORT/PROTO")
-        s.add_argument("backends", nargs="*", metavar="BACKEND:PORT", help="IPv6: [ADDR]:PORT")
+        # default=[]: without one argparse names this optional list among the missing arguments
+        s.add_argument("backends", nargs="*", default=[], metavar="BACKEND:PORT", help="IPv6: [ADDR]:PORT")
         s.set_defaults(func=cmd_service)
         if name != "add":
             continue
-        s.add_argument("--node-port", action="append", default=[], metavar="ADDR:PORT",
+        s.add_argument("--node-port", action="append", default=[], metavar="ADDR:PORT", type=_node_port,
                        help="also reachable on this node address and port (a NodePort); repeatable")
         s.add_argument("--external-ip", action="append", default=[], metavar="IP",
+                       type=lambda ip: parse_ip(ip, "--external-ip"),
                        help="also reachable on IP at the service port (an externalIP); repeatable")
         s.add_argument("--load-balancer-ip", action="append", default=[], metavar="IP",
+                       type=lambda ip: parse_ip(ip, "--load-balancer-ip"),
                        help="also reachable on this load-balancer IP at the service port; repeatable")
-        s.add_argument("--local", action="append", default=[], metavar="BACKEND:PORT",
+        s.add_argument("--local", action="append", default=[], metavar="BACKEND:PORT", type=_local_backend,
                        help="a backend on this node (the set Local traffic policies use); repeatable")
         s.add_argument("--internal-local", action="store_true",
                        help="internalTrafficPolicy Local: the VIP uses only --local backends")
         s.add_argument("--external-local", action="store_true",
                        help="externalTrafficPolicy Local: outside clients of the other frontends use only "
                             "--local backends and keep their source address")
-        s.add_argument("--affinity", type=int, default=0, metavar="SECONDS",
+        s.add_argument("--affinity", type=_affinity, default=0, metavar="SECONDS",
                        help="sessionAffinity ClientIP: a client keeps its backend for SECONDS after its last "
                             "new connection")
         s.add_argument("--source-range", action="append", default=[], metavar="CIDR",
@@ -259,9 +355,14 @@ def build_parser() -> argparse.ArgumentParser:
             c.add_argument("--all", action="store_true", help="include expired flows")
         c.set_defaults(func=fn)
 
+    v = sub.add_parser("version", help="kxlb's version, the commit of a checkout, the datapath's layout version")
+    v.add_argument("--json", action="store_true", help="machine-readable output")
+    v.set_defaults(func=cmd_version)
+
     for register in _extensions():
         register(sub)
-    _accept_after_command(p, "--pin-dir", skip={"lab", "demo"}, help="same as the global --pin-dir")
+    _accept_after_command(p, "--pin-dir", skip={"lab", "demo", "version"}, type=check_pin_dir,
+                          help="same as the global --pin-dir")
     return p
 
 
@@ -286,8 +387,8 @@ def _extensions():
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         args.func(args)
     except KxlbError as exc:
         print(f"kxlb: error: {exc}", file=sys.stderr)
