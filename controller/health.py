@@ -15,10 +15,12 @@ import datetime as dt
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from .httpserve import TEXT, Handler, Server
 
 TO_BE_DELETED_TAINT = "ToBeDeletedByClusterAutoscaler"
 FAMILY = "IPv4"
+JSON = {"Content-Type": "application/json", "X-Content-Type-Options": "nosniff"}
 
 
 def _rfc3339(t: float) -> str:
@@ -91,31 +93,21 @@ class ProxyHealth:
         return code, h
 
 
-def serve_health(health: ProxyHealth, host: str, port: int, on_request=None) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            got = health.answer(self.path.split("?")[0])
-            if got is None:
-                code, body, ctype = 404, b"404 page not found\n", "text/plain"
-            else:
-                code, doc = got
-                body, ctype = json.dumps(doc).encode(), "application/json"
-                if on_request is not None:
-                    on_request(self.path.split("?")[0][1:], code)
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("X-Content-Type-Options", "nosniff")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+def health_handler(health: ProxyHealth, on_request=None) -> Handler:
+    """/healthz and /livez answered from ``health`` as kube-proxy's handlers answer, 404
+    otherwise; ``on_request(endpoint, code)`` counts the answers."""
+    def handle(path: str) -> tuple[int, dict[str, str], bytes]:
+        got = health.answer(path)
+        if got is None:
+            return 404, TEXT, b"404 page not found\n"
+        code, doc = got
+        if on_request is not None:
+            on_request(path[1:], code)
+        return code, JSON, json.dumps(doc).encode()
+    return handle
 
-        def log_message(self, *args) -> None:
-            pass
 
-    class Server(ThreadingHTTPServer):
-        daemon_threads = True
-        allow_reuse_address = True
-
-    srv = Server((host, port), Handler)
-    threading.Thread(target=srv.serve_forever, name="healthz", daemon=True).start()
-    return srv
+def serve_health(health: ProxyHealth, host: str, port: int, on_request=None) -> Server:
+    """kube-proxy's health server (--healthz-bind-address), in the calling thread's
+    network namespace."""
+    return Server(host, port, health_handler(health, on_request), name="healthz")

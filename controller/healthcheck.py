@@ -13,46 +13,14 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 from kxlb.loader.netns import netns as enter_netns
 
+from .health import JSON
+from .httpserve import Server
+
 log = logging.getLogger("kxlb.healthcheck")
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: "_Server"
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        srv = self.server
-        count = srv.owner.local_endpoints(srv.service)
-        if count is None:  # closed meanwhile: kube-proxy does not answer either
-            self.close_connection = True
-            return
-        healthy = srv.owner.proxy_healthy()
-        ns, _, name = srv.service.partition("/")
-        body = json.dumps({"service": {"namespace": ns, "name": name}, "localEndpoints": count,
-                           "serviceProxyHealthy": healthy}, indent="\t").encode()
-        self.send_response(200 if count and healthy else 503)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("X-Content-Type-Options", "nosniff")
-        self.send_header("X-Load-Balancing-Endpoint-Weight", str(count))
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, fmt, *args) -> None:  # probes every few seconds: not worth a log line
-        pass
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, addr: tuple[str, int], service: str, owner: "HealthCheckServers"):
-        self.service, self.owner = service, owner
-        super().__init__(addr, _Handler)
 
 
 class HealthCheckServers:
@@ -63,17 +31,27 @@ class HealthCheckServers:
         self.proxy_healthy, self.netns = proxy_healthy, netns
         self.on_error = on_error
         self._lock = threading.Lock()
-        self._servers: dict[str, tuple[int, list[_Server]]] = {}
+        self._servers: dict[str, tuple[int, list[Server]]] = {}
         self._counts: dict[str, int] = {}
 
     def local_endpoints(self, service: str) -> int | None:
         with self._lock:
             return self._counts.get(service)
 
+    def _answer(self, service: str, path: str) -> tuple[int, dict[str, str], bytes]:
+        """Any path, as kube-proxy's handler. A service whose server is being closed
+        counts no local endpoint."""
+        count = self.local_endpoints(service) or 0
+        healthy = self.proxy_healthy()
+        ns, _, name = service.partition("/")
+        body = json.dumps({"service": {"namespace": ns, "name": name}, "localEndpoints": count,
+                           "serviceProxyHealthy": healthy}, indent="\t").encode()
+        return 200 if count and healthy else 503, {**JSON, "X-Load-Balancing-Endpoint-Weight": str(count)}, body
+
     def sync(self, wanted: dict[str, tuple[int, int]], addresses: tuple[str, ...]) -> None:
         """``wanted``: "ns/name" -> (port, local ready endpoints). Opens, closes and
         updates servers; a port that cannot be bound is reported and retried next sync."""
-        listen = addresses or ("0.0.0.0",)
+        listen = addresses or ("0.0.0.0",)  # every address, both families (httpserve)
         with self._lock:
             self._counts = {svc: n for svc, (_, n) in wanted.items()}
             stale = [svc for svc, (port, _) in self._servers.items() if wanted.get(svc, (None,))[0] != port]
@@ -81,22 +59,19 @@ class HealthCheckServers:
             port, servers = self._servers.pop(svc)
             log.info("closing health check of %s on port %d", svc, port)
             for s in servers:
-                s.shutdown()
-                s.server_close()
+                s.close()
         for svc, (port, _) in wanted.items():
             if svc in self._servers:
                 continue
             servers = []
             try:
-                for addr in listen:
+                for addr in listen:  # each address a listener of its own family
                     with enter_netns(self.netns):  # the socket stays in the node's namespace
-                        s = _Server((addr, port), svc, self)
-                    threading.Thread(target=s.serve_forever, name=f"hc-{port}", daemon=True).start()
-                    servers.append(s)
+                        servers.append(Server(addr, port, lambda path, svc=svc: self._answer(svc, path),
+                                              name=f"health check {svc}"))
             except OSError as exc:
                 for s in servers:
-                    s.shutdown()
-                    s.server_close()
+                    s.close()
                 log.error("health check of %s: cannot listen on port %d: %s", svc, port, exc)
                 if self.on_error:
                     self.on_error(svc, port, exc)

@@ -2,12 +2,13 @@
 same, so dashboards translate) and the health endpoints, on one HTTP listener."""
 from __future__ import annotations
 
-import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from .health import health_handler
+from .httpserve import TEXT, Server
 
 SYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 # kube-proxy's network-programming buckets (pkg/proxy/metrics): 0.25 s .. 5 min, plus
@@ -74,39 +75,23 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-def serve(metrics: Metrics, host: str, port: int, health=None, proxy_mode: str = "kxlb") -> ThreadingHTTPServer:
+def serve(metrics: Metrics, host: str, port: int, health=None, proxy_mode: str = "kxlb") -> Server:
     """/metrics; /proxyMode (as kube-proxy's metrics port: tools and e2e tests ask it);
     /healthz and /livez (with ``health``, a controller.health.ProxyHealth: the same
     answers as the health port; without, "the process answers"); /readyz (first sync
     done)."""
+    health_answer = health_handler(health) if health is not None else None
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            path = self.path.split("?")[0]
-            if path == "/metrics":
-                body, ctype, code = metrics.render(), CONTENT_TYPE_LATEST, 200
-            elif path == "/proxyMode":
-                body, ctype, code = proxy_mode.encode(), "text/plain", 200
-            elif path in ("/healthz", "/livez") and health is not None:
-                code, doc = health.answer(path)
-                body, ctype = json.dumps(doc).encode(), "application/json"
-            elif path in ("/healthz", "/livez"):
-                body, ctype, code = b"ok\n", "text/plain", 200
-            elif path == "/readyz":
-                ok = metrics.ready.is_set()
-                body, ctype, code = (b"ok\n" if ok else b"not synced yet\n"), "text/plain", 200 if ok else 503
-            else:
-                body, ctype, code = b"not found\n", "text/plain", 404
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def handle(path: str) -> tuple[int, dict[str, str], bytes]:
+        if path == "/metrics":
+            return 200, {"Content-Type": CONTENT_TYPE_LATEST}, metrics.render()
+        if path == "/proxyMode":
+            return 200, TEXT, proxy_mode.encode()
+        if path in ("/healthz", "/livez"):
+            return health_answer(path) if health_answer else (200, TEXT, b"ok\n")
+        if path == "/readyz":
+            ok = metrics.ready.is_set()
+            return (200, TEXT, b"ok\n") if ok else (503, TEXT, b"not synced yet\n")
+        return 404, TEXT, b"not found\n"
 
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
-    return server
+    return Server(host, port, handle, name="metrics")
