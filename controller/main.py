@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as dt
 import faulthandler
+import ipaddress
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ from kxlb.loader.maps import Maps
 
 from kxlb.loader.netns import netns
 
-from .health import serve_health
+from .health import ProxyHealth, serve_health
 from .metrics import Metrics, serve
 from .node import one_cidr_per_family, parse_nodeport_cidrs
 
@@ -109,6 +110,19 @@ def run(a) -> None:
     resolve(a)
     check_table_size(a.maglev_table_size)  # before anything is attached or written
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1` dumps every thread's stack
+    # Listen before the slow start-up (the datapath compile takes tens of seconds on a busy
+    # node): a liveness probe meanwhile gets /livez 200, not "connection refused" and a
+    # restart. /readyz is 503 until the first sync; /healthz answers as ProxyHealth does
+    # (503 until the Node is seen). The controller takes over this ProxyHealth below.
+    metrics = Metrics()
+    health = ProxyHealth(2 * a.reconcile_period)
+    mhost, mport = bind_address(a.metrics_bind_address, "--metrics-bind-address")
+    hhost, hport = bind_address(a.healthz_bind_address, "--healthz-bind-address")
+    server = serve(metrics, mhost, mport, health=health)
+    with netns(a.netns):  # the node's namespace: where load balancers probe the node
+        hserver = serve_health(health, hhost, hport,
+                               lambda path, code: (metrics.healthz if path == "healthz" else metrics.livez)
+                               .labels(str(code)).inc())
     attacher = None
     if a.iface or a.cgroup:
         from kxlb.loader.compile import pinned_datapath
@@ -129,7 +143,6 @@ def run(a) -> None:
     client = api_client(a.kubeconfig)
     if a.detect_local == "NodeCIDR":
         log.info("detect-local: the Node's podCIDR (detectLocalMode NodeCIDR)")
-    metrics = Metrics()
     ctl = Controller(client, maps, ControllerConfig(node_name=a.node_name, min_sync_period=a.min_sync_period,
                                                     detect_local_node_cidr=a.detect_local == "NodeCIDR",
                                                     reconcile_period=a.reconcile_period,
@@ -141,13 +154,7 @@ def run(a) -> None:
                                                     nodeport_addresses=parse_nodeport_cidrs(a.nodeport_addresses),
                                                     netns=a.netns, maglev_table_size=a.maglev_table_size),
                      metrics, EventRecorder(client, a.node_name))
-    mhost, mport = bind_address(a.metrics_bind_address, "--metrics-bind-address")
-    server = serve(metrics, mhost, mport, health=ctl.health)
-    hhost, hport = bind_address(a.healthz_bind_address, "--healthz-bind-address")
-    with netns(a.netns):  # the node's namespace: where load balancers probe the node
-        hserver = serve_health(ctl.health, hhost, hport,
-                               lambda path, code: (metrics.healthz if path == "healthz" else metrics.livez)
-                               .labels(str(code)).inc())
+    ctl.health = health  # the one the listeners answer from (nothing has read the controller's own yet)
     ctl.start()
     log.info("controller for node %s started; maps in %s; metrics on %s", a.node_name, a.pin_dir,
              a.metrics_bind_address)
@@ -159,8 +166,8 @@ def run(a) -> None:
     ctl.stop()
     if attacher:
         attacher.stop()
-    server.shutdown()
-    hserver.shutdown()
+    server.close()
+    hserver.close()
 
 
 PREPARE = """
@@ -193,11 +200,17 @@ def prepare_in_child(pin_dir: str, cgroup: str | None) -> None:
 
 
 def bind_address(text: str, flag: str) -> tuple[str, int]:
-    """HOST:PORT (HOST may be empty: all addresses) -> (host, port), or a clear error."""
+    """IP:PORT or [IPV6]:PORT -> (ip, port), or one clear error naming the flag. An empty
+    IP, 0.0.0.0 or :: is every address of both families (controller/httpserve.py)."""
     host, colon, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
     if not colon or not port.isdigit() or not 0 < int(port) < 65536:
-        raise KxlbError(f"{flag} {text!r}: expected HOST:PORT")
-    return host.strip("[]") or "0.0.0.0", int(port)
+        raise KxlbError(f"{flag} {text!r}: expected IP:PORT or [IPV6]:PORT")
+    try:
+        return str(ipaddress.ip_address(host or "0.0.0.0")), int(port)
+    except ValueError:
+        raise KxlbError(f"{flag} {text!r}: {host!r} is not an IP address") from None
 
 
 def register(sub) -> None:
