@@ -19,6 +19,7 @@ from kxlb.loader.layout import (PROTO_NAMES, Backend, ServiceKey, format_addr_po
                                 parse_number)
 from kxlb.loader.maps import DEFAULT_PIN_DIR, Maps
 from kxlb.loader.services import ServiceTable
+from kxlb.loader.writer import writing
 from kxlb.loader.svcspec import Frontend, Kind, LbService
 
 
@@ -33,14 +34,21 @@ def cmd_load(a) -> None:
     mode = a.xdp_mode if a.xdp else None
     if a.xdp_trust_checksums and not a.xdp:
         raise KxlbError("--xdp-trust-checksums applies to --xdp only")
-    for att in datapath.load(a.iface, a.netns, mode, a.pin_dir, force=a.force,
-                             xdp_trust_checksums=a.xdp_trust_checksums):
+    prepared, attached = datapath.load(a.iface, a.netns, mode, a.pin_dir, force=a.force,
+                                       xdp_trust_checksums=a.xdp_trust_checksums, wait=a.wait)
+    if not prepared.compiled:
+        print(f"kxlb: the programs pinned in {a.pin_dir} are this build's: attached without compiling")
+    for note in prepared.migrated:
+        print(f"kxlb: migrated {note}")
+    if prepared.reattached:
+        print(f"kxlb: {len(prepared.reattached)} earlier attachments now run this build")
+    for att in attached:
         where = f" in netns {att.netns}" if att.netns else ""
         print(f"kxlb: {att.hook}{' ' + att.mode if att.mode else ''} attached on {att.iface}{where}; maps in {a.pin_dir}")
 
 
 def cmd_unload(a) -> None:
-    done = datapath.unload(a.pin_dir, a.iface, a.netns)
+    done = datapath.unload(a.pin_dir, a.iface, a.netns, wait=a.wait)
     for att in done.detached:
         print(f"kxlb: detached {att.hook} from {att.iface}" + (f" in netns {att.netns}" if att.netns else ""))
     if not a.iface:
@@ -66,8 +74,10 @@ def _spec_from_args(a, key: ServiceKey) -> LbService:
 def cmd_service(a) -> None:
     key = ServiceKey.parse(a.service)
     backends = [Backend.parse(b) for b in getattr(a, "backends", [])]
-    with Maps.open(a.pin_dir) as maps:
-        table = ServiceTable(maps)
+    with writing(a.pin_dir, a.wait) as w:
+        if w.repaired:
+            print(f"kxlb: note: an earlier writer was killed half way; repaired: {w.repaired}", file=sys.stderr)
+        table = ServiceTable(w.maps, journal=w.journal)
         if a.action == "add":
             spec = _spec_from_args(a, key)
             if key in table.states:
@@ -80,6 +90,14 @@ def cmd_service(a) -> None:
             print(f"kxlb: service {key} deleted")
             return
     print(f"kxlb: service {key} (id {st.svc_id}) -> {', '.join(map(str, st.backends)) or 'no backends'}")
+
+
+def cmd_gc(a) -> None:
+    from kxlb.loader.journal import sweep
+
+    with writing(a.pin_dir, a.wait) as w:
+        done = sweep(w.maps)
+    print(f"kxlb: gc: {done}" + (f" (and an interrupted write repaired: {w.repaired})" if w.repaired else ""))
 
 
 def _options(spec: LbService) -> list[str]:
@@ -232,6 +250,12 @@ class _PrintVersion(argparse.Action):
 
 
 # --- parser ---------------------------------------------------------------------------------
+def _wait_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--wait", type=float, default=10.0, metavar="SECONDS",
+                   help="how long to wait for another writer of the pin directory to finish (one writer at a "
+                        "time: a running controller holds it for its life; default %(default)s)")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with the CLI's contract for bad input, one line `kxlb: error: ...` and
     status 1 (main prints it), where argparse prints its usage and exits 2. Sub-parsers
@@ -302,12 +326,14 @@ def build_parser() -> argparse.ArgumentParser:
                          "its checksums (TX checksum offload off), else translated packets get bad checksums")
     ld.add_argument("--force", action="store_true",
                     help="replace an XDP program that kxlb did not attach (by default kxlb refuses)")
+    _wait_option(ld)
     ld.set_defaults(func=cmd_load)
 
     ul = sub.add_parser("unload", help="detach from an interface, or (without --iface) everywhere and remove the "
                                        "pins kxlb made (only programs and pins kxlb recorded; nothing else)")
     ul.add_argument("--iface")
     ul.add_argument("--netns")
+    _wait_option(ul)
     ul.set_defaults(func=cmd_unload)
 
     sv = sub.add_parser("service", help="add, delete or change a service")
@@ -320,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
         # default=[]: without one argparse names this optional list among the missing arguments
         s.add_argument("backends", nargs="*", default=[], metavar="BACKEND:PORT", help="IPv6: [ADDR]:PORT")
         s.set_defaults(func=cmd_service)
+        _wait_option(s)
         if name != "add":
             continue
         s.add_argument("--node-port", action="append", default=[], metavar="ADDR:PORT", type=_node_port,
@@ -345,6 +372,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = ssub.add_parser("del", help="delete a service (tracked flows keep their backend)")
     s.add_argument("service", metavar="VIP:PORT/PROTO")
     s.set_defaults(func=cmd_service)
+    _wait_option(s)
+
+    gc = sub.add_parser("gc", help="remove backend slots, Maglev tables, source ranges and markers that no "
+                                   "service reaches (left by a writer that was killed, or by an older kxlb)")
+    gc.set_defaults(func=cmd_gc)
+    _wait_option(gc)
 
     for name, fn, helptext in (("list", cmd_list, "services and their backends (like ipvsadm -Ln)"),
                                ("conntrack", cmd_conntrack, "tracked flows"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -169,12 +170,7 @@ class NetLab:
         self.stop_servers()
         for ns in [self.node, self.client] + [self.backend(i) for i in range(self.backends_n)]:
             sh("ip", "netns", "del", ns, check=False)
-        if os.path.isdir(self.pin_dir):
-            for f in os.listdir(self.pin_dir):
-                os.unlink(os.path.join(self.pin_dir, f))
-            os.rmdir(self.pin_dir)
-        from kxlb.loader.attach import Registry
-        Registry(self.pin_dir).remove()
+        shutil.rmtree(self.pin_dir, ignore_errors=True)  # the pins, and kxlb's registry with them
 
     def __enter__(self) -> "NetLab":
         return self.up()

@@ -152,12 +152,7 @@ def clear_bpf(n: NodeSpec) -> None:
         if cmds:
             run("ip", "-force", "-n", n.netns, "-batch", "-", input="\n".join(cmds) + "\n", check=False)
     had_pins = os.path.exists(n.pin_dir)
-    shutil.rmtree(n.pin_dir, ignore_errors=True)
-    try:
-        from kxlb.loader.attach import Registry
-        Registry(n.pin_dir).remove()
-    except Exception:  # noqa: BLE001
-        pass
+    shutil.rmtree(n.pin_dir, ignore_errors=True)  # the pins, and kxlb's registry with them
     if had_pins:
         # The socket-level programs stay attached to the node's cgroup without their pins:
         # detach them by name. (Not by removing the cgroup: on a real-kubelet node it holds

@@ -1,9 +1,9 @@
 """Attaching the programs to interfaces with pyroute2 (tc clsact ingress, or XDP).
 
 Attachments outlive this process: the kernel's tc filter and XDP link hold the
-programs, the pinned maps hold the state. A registry next to the pins' name in /run
-remembers where we attached (and which XDP program, by id), and which pins kxlb made,
-so `kxlb unload` can find every place again and remove nothing that is not ours.
+programs, the pinned maps hold the state. The registry in the pin directory
+(loader/registry.py) remembers where we attached (and which XDP program, by id), so
+`kxlb unload` can find every place again and remove nothing that is not ours.
 
 Good neighbour rules (docs/datapath.md, "Hooks and coexistence"): an XDP program we did
 not attach is never replaced or detached without ``force``; XDP changes name the program
@@ -15,16 +15,16 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
-import json
 import os
 import socket
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Iterator
 
 from . import bpfsys
 from .errors import KxlbError
 from .netns import netns
+from .registry import Attachment
 
 TC_PARENT_INGRESS = "ffff:fff2"
 TC_PRIO = 0x4b1      # our filter's fixed priority and handle: replace, never duplicate
@@ -34,19 +34,7 @@ XDP_PROG_NAME = "kxlb_xdp"
 XDP_FLAGS = {"generic": 2, "native": 4}  # XDP_FLAGS_SKB_MODE, XDP_FLAGS_DRV_MODE
 XDP_FLAGS_UPDATE_IF_NOEXIST = 1   # attach only if the mode has no program (no silent replace)
 XDP_FLAGS_REPLACE = 16            # change only if the program there is IFLA_XDP_EXPECTED_FD's
-REGISTRY_DIR = "/run/kxlb"
 IFF_LOOPBACK = 0x8
-
-
-@dataclass(frozen=True)
-class Attachment:
-    iface: str
-    netns: str | None   # None: the loader's own namespace
-    hook: str           # "tc", "xdp", or "socklb" (iface is then a cgroup directory)
-    mode: str = ""      # xdp: "generic" or "native"
-    prog_id: int = 0    # xdp: the program we attached (0: recorded by an older kxlb)
-    prog_tag: str = ""
-    prog_name: str = ""
 
 
 @contextmanager
@@ -67,6 +55,12 @@ def _ifindex(ipr, iface: str, ns: str | None) -> int:
         where = f"network namespace {ns!r}" if ns else "this network namespace"
         raise KxlbError(f"interface {iface!r} not found in {where}")
     return found[0]
+
+
+def interface_exists(ns: str | None, iface: str) -> None:
+    """Raise the usual one-line error when ``iface`` is not in the namespace."""
+    with _ipr(ns) as ipr:
+        _ifindex(ipr, iface, ns)
 
 
 def _netlink_error(exc: Exception, what: str) -> KxlbError:
@@ -386,81 +380,3 @@ def _hazard(ipr, link, ns: str | None, mode: str, depth: int) -> str | None:
         # guest checksum offload is on; native XDP makes the driver turn it off.
         return f"{name} is a virtio_net device in generic mode (use --xdp-mode native)"
     return None
-
-
-# --- registry ----------------------------------------------------------------------------
-def _slug(pin_dir: str) -> str:
-    """A file name for ``pin_dir``, one per directory ('/a_b' and '/a/b' differ)."""
-    path = os.path.abspath(pin_dir).strip("/")
-    return path.replace("%", "%25").replace("_", "%5F").replace("/", "_") or "root"
-
-
-class Registry:
-    """Where the datapath of one pin directory is attached, and which pins kxlb made in
-    it (a JSON file under /run: bpffs holds only BPF objects, no manifest file)."""
-
-    def __init__(self, pin_dir: str):
-        self.pin_dir = os.path.abspath(pin_dir)
-        self.path = os.path.join(REGISTRY_DIR, f"{_slug(pin_dir)}.json")
-
-    def _read(self) -> dict:
-        try:
-            with open(self.path) as f:
-                doc = json.load(f)
-        except FileNotFoundError:
-            return {"pin_dir": self.pin_dir, "attachments": [], "pins": []}
-        if isinstance(doc, list):  # written by an older kxlb: attachments only, no pin record
-            return {"pin_dir": self.pin_dir, "attachments": doc, "pins": None}
-        return doc
-
-    def _write(self, doc: dict) -> None:
-        if not doc["attachments"] and not doc["pins"]:
-            self.remove()
-            return
-        os.makedirs(REGISTRY_DIR, mode=0o700, exist_ok=True)
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(doc, f, indent=1)
-        os.replace(tmp, self.path)
-
-    def load(self) -> list[Attachment]:
-        known = {f.name for f in fields(Attachment)}
-        return [Attachment(**{k: v for k, v in a.items() if k in known}) for a in self._read()["attachments"]]
-
-    def find(self, iface: str, ns: str | None) -> Attachment | None:
-        return next((a for a in self.load() if (a.iface, a.netns) == (iface, ns) and a.hook != "socklb"), None)
-
-    def save(self, items: list[Attachment]) -> None:
-        """Record ``items`` as every attachment. Whoever attaches has just compiled or
-        opened the datapath in this directory, so its pins are recorded too."""
-        doc = self._read()
-        doc["attachments"] = [asdict(a) for a in items]
-        doc["pins"] = self._with_datapath_pins(doc["pins"])
-        self._write(doc)
-
-    def record_pins(self) -> None:
-        """Record the datapath's pins present in the directory as kxlb's."""
-        doc = self._read()
-        doc["pins"] = self._with_datapath_pins(doc["pins"])
-        self._write(doc)
-
-    def _with_datapath_pins(self, pins: list[str] | None) -> list[str]:
-        from .maps import PIN_NAMES
-
-        mine = set(pins or [])
-        mine |= {n for n in PIN_NAMES if os.path.lexists(os.path.join(self.pin_dir, n))}
-        return sorted(mine)
-
-    def pins(self) -> list[str]:
-        """Names kxlb pinned in the directory. A registry of an older kxlb has no list: the
-        datapath's own names present there are taken (that kxlb did attach from it)."""
-        pins = self._read()["pins"]
-        if pins is None:
-            return self._with_datapath_pins(None)
-        return pins
-
-    def remove(self) -> None:
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass

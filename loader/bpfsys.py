@@ -69,6 +69,7 @@ def lib() -> ctypes.CDLL:
         "bpf_prog_test_run_opts": (c_int, [c_int, ctypes.POINTER(TestRunOpts)]),
         "bpf_map_create": (c_int, [c_uint32, c_char_p, c_uint32, c_uint32, c_uint32, c_void_p]),
         "bpf_map_get_fd_by_id": (c_int, [c_uint32]),
+        "bpf_prog_attach": (c_int, [c_int, c_int, c_uint32, c_uint32]),
     }
     for fn, (res, args) in sig.items():
         f = getattr(so, fn)
@@ -92,12 +93,25 @@ def obj_pin(fd: int, path: str) -> None:
     check(lib().bpf_obj_pin(fd, path.encode()), f"pin at {path}")
 
 
+BPF_MAP_TYPE_HASH = 1
 BPF_MAP_TYPE_PERCPU_ARRAY = 6
+BPF_F_NO_PREALLOC = 1
 
 
-def map_create(map_type: int, name: str, key_size: int, value_size: int, max_entries: int) -> int:
-    return check(lib().bpf_map_create(map_type, name.encode(), key_size, value_size, max_entries, None),
-                 f"create map {name}")
+class MapCreateOpts(ctypes.Structure):
+    """libbpf's struct bpf_map_create_opts."""
+
+    _fields_ = [("sz", c_size_t), ("btf_fd", c_uint32), ("btf_key_type_id", c_uint32),
+                ("btf_value_type_id", c_uint32), ("btf_vmlinux_value_type_id", c_uint32),
+                ("inner_map_fd", c_uint32), ("map_flags", c_uint32), ("map_extra", c_uint64),
+                ("numa_node", c_uint32), ("map_ifindex", c_uint32)]
+
+
+def map_create(map_type: int, name: str, key_size: int, value_size: int, max_entries: int, flags: int = 0,
+               inner_map_fd: int = 0) -> int:
+    opts = MapCreateOpts(sz=ctypes.sizeof(MapCreateOpts), map_flags=flags, inner_map_fd=inner_map_fd)
+    return check(lib().bpf_map_create(map_type, name.encode(), key_size, value_size, max_entries,
+                                      ctypes.byref(opts)), f"create map {name}")
 
 
 def map_fd_by_id(map_id: int) -> int:

@@ -71,6 +71,30 @@ def inline_source(path: Path = MAIN_SOURCE, _seen: set[Path] | None = None,
     return "\n".join(out) + "\n"
 
 
+def c_string(text: str) -> str:
+    """``text`` as a C string literal (the pin directory goes into the source as one)."""
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7f for ch in text):
+        raise KxlbError(f"pin directory {text!r} has control characters")
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def build_digest(extra_cflags: list[str] | None = None) -> str:
+    """What a compile's output depends on: the datapath's C (inlined, both programs), the
+    build flags, the BCC release and the running kernel. Equal digests mean the pinned
+    programs are what a compile would load now, so a restart can attach them as they are."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for src in (MAIN_SOURCE, BPF_DIR / "sock.c"):
+        h.update(inline_source(src).encode())
+    h.update(repr(sorted(extra_cflags or [])).encode())
+    uname = os.uname()
+    h.update(f"{uname.release} {uname.version}".encode())
+    bcc_version = Path("/usr/lib/python3/dist-packages/bcc/version.py")
+    h.update(bcc_version.read_bytes() if bcc_version.exists() else b"?")
+    return h.hexdigest()[:32]
+
+
 @contextmanager
 def _captured_stderr() -> Iterator[list[str]]:
     """Collect the lines C code (clang inside BCC) writes to file descriptor 2."""
@@ -118,7 +142,7 @@ def compile_source(source: Path, pin_dir: str, extra_cflags: list[str] | None = 
     from bcc import BPF  # imported late: bcc is a system module, needed only here
 
     text = inline_source(source)
-    cflags = [f'-DKXLB_PIN_DIR="{pin_dir}"', "-Wno-unused-function"] + (extra_cflags or [])
+    cflags = [f"-DKXLB_PIN_DIR={c_string(pin_dir)}", "-Wno-unused-function"] + (extra_cflags or [])
     os.makedirs(pin_dir, exist_ok=True)
     with _captured_stderr() as diagnostics:
         try:

@@ -359,9 +359,3 @@ class Maps:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-PIN_NAMES = ("services", "backends", "maglev", "conntrack", "frags", "affinity", "src_ranges", "svc_stats", "dp_stats", "sock_rev", "config",
-             "services6", "backends6", "conntrack6", "frags6", "affinity6", "src_ranges6", "config6", "sock_rev6",
-             "tc_progs", "xdp_progs", "prog_tc", "prog_xdp", "prog_tc_egress")
-"""Everything the loader pins in a pin directory (maps, then the programs)."""

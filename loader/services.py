@@ -15,6 +15,7 @@ from typing import Iterable
 
 from . import bpfsys, maglev
 from .errors import FrontendConflict, KxlbError, MapWriteError
+from .journal import Journal, range_key
 from .layout import (C, DP_COUNTERS, FAMILIES, V4, Backend, BackendKey, Family, MaglevKey, ServiceKey,
                      SvcCounters, SvcValue, family_of, parse_net, raw_to_port)
 from .maps import Maps
@@ -104,11 +105,6 @@ def _marker_key(vip: str):
     return fam.SvcKey(vip=fam.addr_c(vip))
 
 
-def _range_key(fam: Family, svc_id: int, cidr: str):
-    net = fam.parse_net(cidr, "source range")
-    return fam.SrcRangeKey(prefixlen=32 + net.prefixlen, svc_id=svc_id, addr=fam.addr_c(str(net.network_address)))
-
-
 @dataclass
 class _MapUsage:
     """Entries in one family's maps a table write can fill (their capacity is checked
@@ -125,8 +121,10 @@ class ServiceTable:
     long-lived writer (the controller) never rescans the maps per change; `forget()`
     drops that record after edits behind its back."""
 
-    def __init__(self, maps: Maps, maglev_table_size: int = maglev.DEFAULT_TABLE_SIZE):
+    def __init__(self, maps: Maps, maglev_table_size: int = maglev.DEFAULT_TABLE_SIZE,
+                 journal: Journal | None = None):
         self.maps = maps
+        self.journal = journal or Journal(None)  # the writer's intent record (loader/journal.py)
         self.maglev_max = maglev.check_table_size(maglev_table_size)
         self._chunks_used = 0
         self._states: dict[ServiceKey, ServiceState] | None = None
@@ -359,13 +357,13 @@ class ServiceTable:
     def _put_ranges(self, fam: Family, svc_id: int, cidrs: Iterable[str]) -> None:
         ranges = fam.map(self.maps, "src_ranges")
         for c in cidrs:
-            ranges.put(_range_key(fam, svc_id, c), ctypes.c_uint8(1))
+            ranges.put(range_key(fam, svc_id, c), ctypes.c_uint8(1))
             self._used[fam].ranges += 1
 
     def _delete_ranges(self, fam: Family, svc_id: int, cidrs: Iterable[str]) -> None:
         ranges = fam.map(self.maps, "src_ranges")
         for c in cidrs:
-            self._used[fam].ranges -= ranges.delete(_range_key(fam, svc_id, c))
+            self._used[fam].ranges -= ranges.delete(range_key(fam, svc_id, c))
 
     def _sync_marker(self, vip: str) -> None:
         """A marker entry exists for a cluster IP exactly while some service port uses it."""
@@ -402,7 +400,6 @@ class ServiceTable:
         if cur.spec == spec:
             return cur
         old = cur.spec
-        svc_id, gen = cur.svc_id, cur.gen
         sets_changed = (old.cluster, old.local) != (spec.cluster, spec.local)
         # Unchanged sets keep their tables (and sizes): a new --maglev-table-size applies
         # to a set when it next changes.
@@ -411,6 +408,15 @@ class ServiceTable:
         new_ranges = set(spec.source_ranges) - set(old.source_ranges)
         self._check_capacity(fam, 0, len(spec.cluster) + len(spec.local) if sets_changed else 0, added_entries,
                              len(new_ranges), sum(map(maglev.n_chunks, tables)) if sets_changed else 0)
+        new_gen = 1 - cur.gen if sets_changed else cur.gen
+        with self.journal.intent("update", [cur.svc_id], [spec.key.vip], gen=new_gen,
+                                 ranges_gone=set(old.source_ranges) - set(spec.source_ranges)):
+            return self._update(cur, spec, tables, sets_changed, new_ranges, added_entries)
+
+    def _update(self, cur: ServiceState, spec: LbService, tables: tuple[int, int], sets_changed: bool,
+                new_ranges: set[str], added_entries: int) -> ServiceState:
+        old, fam = cur.spec, spec.key.family
+        svc_id, gen = cur.svc_id, cur.gen
         if sets_changed:
             gen = 1 - cur.gen
             self._write_slots(spec, svc_id, gen, tables)       # 1. invisible new generation
@@ -454,6 +460,11 @@ class ServiceTable:
                              len(spec.source_ranges), sum(map(maglev.n_chunks, tables)))
         capacity = self.maps.svc_stats.max_entries
         svc_id = next(i for i in range(1, capacity) if i not in self._ids)
+        with self.journal.intent("add", [svc_id], [spec.key.vip]):
+            return self._add_as(spec, svc_id, tables)
+
+    def _add_as(self, spec: LbService, svc_id: int, tables: tuple[int, int]) -> ServiceState:
+        fam = spec.key.family
         # 1. fresh counters, 2. slots and ranges, 3. the entries that make them reachable.
         self.maps.svc_stats.put(ctypes.c_uint32(svc_id), SvcCounters())
         self._write_slots(spec, svc_id, 0, tables)
@@ -507,7 +518,8 @@ class ServiceTable:
                                  sum(len(s.all_frontends) for s in part) + len({s.key.vip for s in part}),
                                  sum(len(s.source_ranges) for s in part),
                                  sum(maglev.n_chunks(m) for t in tables for m in t))
-        return [st for fam, part, tables in batches for st in self._add_batch(fam, part, tables)]
+        with self.journal.intent("bulk", ()):
+            return [st for fam, part, tables in batches for st in self._add_batch(fam, part, tables)]
 
     def _add_batch(self, fam: Family, checked: list[LbService], tables: list[tuple[int, int]]) -> list[ServiceState]:
         """add_many's writes for the (checked) service ports of one family."""
@@ -576,8 +588,12 @@ class ServiceTable:
         cur = self.states.get(key)
         if cur is None:
             raise KxlbError(f"service {key} does not exist")
+        with self.journal.intent("delete", [cur.svc_id], [key.vip]):
+            self._delete(cur)
+
+    def _delete(self, cur: ServiceState) -> None:
         # The entries first: from here no new flow can reach the slots.
-        fam = key.family
+        key, fam = cur.key, cur.key.family
         for fe in cur.spec.all_frontends:
             self._used[fam].entries -= fam.map(self.maps, "services").delete(fe.key.to_c())
         self._forget_state(cur)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from dataclasses import dataclass
 
+from . import bpfsys
 from .compile import BPF_DIR, compile_source
 from .errors import KxlbError
 
@@ -26,49 +26,87 @@ HOOKS = {  # program -> attach type name in bcc.BPFAttachType
 }
 
 
-@dataclass
-class SocketLB:
-    bpf: object
-    cgroup: str
-    cgroup_fd: int
+# Pinned beside the maps (prog_connect4, ...), so a controller restarting with the same
+# build attaches them to a cgroup without compiling again (loader/datapath.py).
+PROG_PINS = {name: "prog_" + name.removeprefix("kxlb_") for name in HOOKS}
+ATTACH_TYPES = {"CGROUP_INET4_CONNECT": 10, "CGROUP_INET6_CONNECT": 11, "CGROUP_UDP4_SENDMSG": 14,
+                "CGROUP_UDP6_SENDMSG": 15, "CGROUP_UDP4_RECVMSG": 19, "CGROUP_UDP6_RECVMSG": 20,
+                "CGROUP_INET4_GETPEERNAME": 29, "CGROUP_INET6_GETPEERNAME": 30}  # enum bpf_attach_type
 
-    def detach(self) -> None:
-        from bcc import BPF, BPFAttachType
 
+def compile_sock(pin_dir: str, extra_cflags: list[str] | None = None) -> dict[str, int]:
+    """Compile sock.c against the maps pinned in ``pin_dir``, load its hooks and pin them
+    there; returns program name -> fd (kept open by the BCC module, kept alive here)."""
+    from bcc import BPF
+
+    bpf = compile_source(SOURCE, pin_dir, extra_cflags)
+    fds = {}
+    try:
         for name, hook in HOOKS.items():
-            fn = self.bpf.funcs.get(name.encode())
-            if fn is not None:
-                try:
-                    BPF.detach_func(fn, self.cgroup_fd, getattr(BPFAttachType, hook))
-                except Exception:
-                    pass
-        os.close(self.cgroup_fd)
+            fn = bpf.load_func(name.encode(), BPF.CGROUP_SOCK_ADDR, attach_type=ATTACH_TYPES[hook])
+            fds[name] = fn.fd
+    except Exception as exc:
+        raise KxlbError(f"the kernel rejected the socket hooks: {exc}") from None
+    for name, fd in fds.items():
+        pin = os.path.join(pin_dir, PROG_PINS[name])
+        if os.path.lexists(pin):
+            os.unlink(pin)
+        bpfsys.obj_pin(fd, pin)
+    _KEEP.append(bpf)
+    return fds
 
 
-def attach_socket_lb(pin_dir: str, cgroup: str) -> SocketLB:
-    """Compile sock.c against the pinned maps of ``pin_dir`` and attach its hooks (HOOKS) to
-    the cgroup v2 directory ``cgroup``. Attaching again replaces our programs. The
-    attachment outlives this process (the cgroup holds the programs)."""
-    from bcc import BPF, BPFAttachType
+_KEEP: list = []  # BCC modules whose program fds callers still use
+
+
+def pinned_sock_programs(pin_dir: str) -> dict[str, int] | None:
+    """The pinned socket hooks of ``pin_dir`` as fresh fds (None if any is missing)."""
+    fds = {}
+    for name, pin in PROG_PINS.items():
+        try:
+            fds[name] = bpfsys.obj_get(os.path.join(pin_dir, pin))
+        except OSError:
+            for fd in fds.values():
+                os.close(fd)
+            return None
+    return fds
+
+
+def attach_sock_programs(fds: dict[str, int], cgroup: str) -> None:
+    """Attach the hooks to the cgroup v2 directory ``cgroup`` (replacing ours there)."""
+    if not os.path.isdir(cgroup):
+        raise KxlbError(f"cgroup {cgroup} does not exist (a cgroup v2 directory is needed)")
+    cg = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name, hook in HOOKS.items():
+            ret = bpfsys.lib().bpf_prog_attach(fds[name], cg, ATTACH_TYPES[hook], 0)
+            if ret < 0:
+                raise KxlbError(f"attaching socket hook {name} to cgroup {cgroup}: {os.strerror(-ret)}")
+    finally:
+        os.close(cg)
+
+
+def attach_socket_lb(pin_dir: str, cgroup: str) -> None:
+    """Attach the socket hooks to the cgroup v2 directory ``cgroup``: the pinned ones of
+    ``pin_dir``, compiled against its maps first if it has none. Attaching again
+    replaces our programs. The attachment outlives this process (the cgroup holds the
+    programs) and is recorded, so `kxlb unload` finds it again."""
+    from .registry import Attachment, Registry
 
     if not os.path.isdir(cgroup):
         raise KxlbError(f"cgroup {cgroup} does not exist (a cgroup v2 directory is needed)")
-    bpf = compile_source(SOURCE, pin_dir)
-    fd = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
+    fds = pinned_sock_programs(pin_dir)
+    owned = fds is not None
+    if fds is None:
+        fds = compile_sock(pin_dir)
     try:
-        for name, hook in HOOKS.items():
-            atype = getattr(BPFAttachType, hook)
-            fn = bpf.load_func(name.encode(), BPF.CGROUP_SOCK_ADDR, attach_type=atype)
-            BPF.attach_func(fn, fd, atype)
-    except Exception as exc:
-        os.close(fd)
-        raise KxlbError(f"attaching socket hooks to cgroup {cgroup}: {exc}") from None
-    from .attach import Attachment, Registry  # recorded, so `kxlb unload` finds them again
-
-    reg = Registry(pin_dir)
-    reg.save([a for a in reg.load() if (a.hook, a.iface) != ("socklb", cgroup)]
-             + [Attachment(iface=cgroup, netns=None, hook="socklb")])
-    return SocketLB(bpf, cgroup, fd)
+        attach_sock_programs(fds, cgroup)
+    finally:
+        if owned:
+            for fd in fds.values():
+                os.close(fd)
+    with Registry(pin_dir, create=True) as reg:
+        reg.record(Attachment(iface=cgroup, netns=None, hook="socklb"))
 
 
 # bpftool names attach types one way in its JSON, another on its command line

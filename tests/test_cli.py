@@ -11,7 +11,7 @@ import pytest
 
 from kxlb.loader import attach
 from kxlb.loader.compile import compile_datapath
-from kxlb.loader.maps import PIN_NAMES
+from kxlb.loader.mapspec import build_pins
 from kxlb.loader.socklb import HOOKS
 
 VIP = "10.96.0.10"
@@ -169,7 +169,7 @@ def test_load_twice_duplicates_nothing_and_unload_removes_every_trace(netlab):
         r = kxlb(pin, *args)
         assert r.returncode == 0, r.stderr
     assert len(tc_filters(netlab.node, netlab.client_iface)) == 1
-    assert sorted(os.listdir(pin)) == sorted(PIN_NAMES)
+    assert sorted(os.listdir(pin)) == sorted(build_pins())
     # Switching the same interface to XDP removes the tc program.
     assert kxlb(pin, "load", "--netns", netlab.node, "--iface", netlab.client_iface, "--xdp",
                 "--xdp-trust-checksums").returncode == 0

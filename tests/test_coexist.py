@@ -20,7 +20,7 @@ import pytest
 
 from kxlb.lab.client import tcp_request
 from kxlb.loader import attach
-from kxlb.loader.maps import PIN_NAMES
+from kxlb.loader.mapspec import build_pins
 from kxlb.loader.netns import netns
 
 VIP, PORT, BPORT = "10.96.0.10", 80, 8080
@@ -215,7 +215,7 @@ def test_the_pin_directory_is_made_0700_and_unload_removes_only_what_kxlb_pinned
     pin, node = netlab.pin_dir, netlab.node
     ok(kxlb(pin, "load", "--netns", node, "--iface", netlab.client_iface))
     assert oct(os.stat(pin).st_mode & 0o7777) == "0o700"
-    assert set(PIN_NAMES) <= set(os.listdir(pin))
+    assert build_pins() <= set(os.listdir(pin))
     sh("bpftool", "map", "create", f"{pin}/other_tool", "type", "array", "key", "4", "value", "4", "entries", "1",
        "name", "other_tool")
     r = ok(kxlb(pin, "unload"))

@@ -111,3 +111,49 @@ def test_a_full_syncs_packed_tables_are_the_maglev_modules_tables(family):
     assert len(slot_keys) == 8 * len(cluster + local)
     assert n == maglev.n_chunks(m[0]) + maglev.n_chunks(m[1]) and len(table_keys) == 8 * n
     assert table_vals == b"".join(maglev.chunks(cluster, m[0]) + maglev.chunks(local, m[1]))
+
+
+# --- pinned maps: what the kernel holds is what loader/mapspec.py reads from bpf/ ------------------
+def test_every_pinned_map_matches_its_spec(dp, pin_dirs):
+    """The loader judges pins against the specs before BCC adopts them (loader/datapath.py
+    plan): type, key and value sizes, capacity and flags must be what BCC creates."""
+    import os
+
+    from kxlb.loader import bpfsys
+    from kxlb.loader.mapspec import datapath_specs
+    from kxlb.loader.socklb import compile_sock
+
+    _, maps = dp
+    compile_sock(maps.pin_dir)  # the socket hooks' maps (sock_rev, sock_rev6) come from sock.c's build
+    specs = datapath_specs()
+    assert {"services", "conntrack", "sock_rev", "tc_progs"} <= set(specs)
+    for pin, spec in specs.items():
+        fd = bpfsys.obj_get(os.path.join(maps.pin_dir, pin))
+        try:
+            assert spec.mismatch(bpfsys.map_info(fd)) is None, pin
+        finally:
+            os.close(fd)
+
+
+def test_every_layout_is_released_under_its_version():
+    """A struct of a pinned map that changes without a new layout version (a new pin
+    name, bpf/layouts.txt) would be adopted by the next release as if nothing changed."""
+    from kxlb.loader.mapspec import datapath_specs, released_layouts
+
+    released = released_layouts()
+    for spec in datapath_specs().values():
+        if spec.stateful:
+            assert released.get((spec.base, spec.version)) == spec.digest, (
+                f"map {spec.base}: its key/value layout changed; rename its pin to "
+                f"{spec.base}_v{spec.version + 1}, add a line to bpf/layouts.txt and a converter (loader/migrate.py)")
+
+
+def test_every_older_layout_can_be_migrated():
+    from kxlb.loader import migrate
+    from kxlb.loader.mapspec import datapath_specs, released_layouts
+
+    current = {s.base: s.version for s in datapath_specs().values() if s.stateful}
+    for base, version in released_layouts():
+        assert base in current, f"{base}: released, but this build has no such map (a migration must drop it)"
+        if version < current[base] and base not in migrate.DISPOSABLE:
+            assert migrate.path(base, version, current[base]) is not None, f"{base} {version} -> {current[base]}"

@@ -1,0 +1,131 @@
+"""Carrying a map's contents into a map of another capacity or layout version.
+
+An upgrade that changes a pinned map (its capacity, or its layout: a new version in its
+pin name, loader/mapspec.py) builds the new map beside the old one and copies every
+entry across (loader/datapath.py), converting entries between layout versions with the
+converters registered here. Conntrack is copied too, so established flows keep their
+backend and their reverse NAT across the upgrade.
+
+A converter takes one old entry (key bytes, value bytes) and returns the new entries
+(none drops it). One is registered per step (base name, version, version + 1); a chain
+of them spans several releases. tests/test_layout.py checks that every stateful map with an
+older released layout (bpf/layouts.txt) has a path to this build's version, unless it is
+declared DISPOSABLE (state the datapath rebuilds on its own).
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from . import bpfsys
+from .errors import KxlbError
+
+Entry = tuple[bytes, bytes]
+Converter = Callable[[bytes, bytes], list[Entry]]
+
+CONVERTERS: dict[tuple[str, int, int], Converter] = {}
+"""(base name, version, version + 1) -> converter of one entry."""
+
+DISPOSABLE = {"frags", "frags6"}
+"""Maps whose contents may start empty after a layout change: in-flight fragment state
+(a datagram whose first fragment crossed the old datapath loses its later fragments'
+translation; the sender retransmits)."""
+
+MAP_TYPE_ARRAY, MAP_TYPE_PERCPU_ARRAY, MAP_TYPE_ARRAY_OF_MAPS = 2, 6, 12
+PERCPU_TYPES = {5, MAP_TYPE_PERCPU_ARRAY, 10}  # percpu hash, percpu array, lru percpu hash
+
+
+def converter(base: str, frm: int, to: int):
+    """Register a converter (a decorator)."""
+    def register(fn: Converter) -> Converter:
+        CONVERTERS[(base, frm, to)] = fn
+        return fn
+    return register
+
+
+def path(base: str, frm: int, to: int) -> list[Converter] | None:
+    """The converters from version ``frm`` up to ``to``, one per step (empty when equal),
+    or None when a step has none."""
+    steps = [CONVERTERS.get((base, v, v + 1)) for v in range(frm, to)]
+    return None if None in steps else steps  # type: ignore[return-value]
+
+
+@dataclass
+class CopyResult:
+    copied: int = 0
+    skipped: int = 0     # already in the new map (written by the new datapath first), or dropped
+    failed: int = 0      # the new map refused them (full)
+
+
+class _RawMap:
+    """Entries of a map as bytes, whatever its type (per-CPU values as the kernel packs
+    them, maps of maps as inner map ids in, file descriptors out)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        info = bpfsys.map_info(fd)
+        self.type, self.key_size, self.value_size = info.type, info.key_size, info.value_size
+        self.max_entries = info.max_entries
+        ncpu = bpfsys.possible_cpus() if self.type in PERCPU_TYPES else 1
+        self.value_buf_size = ((self.value_size + 7) & ~7) * ncpu if ncpu > 1 else self.value_size
+
+    def entries(self) -> Iterator[Entry]:
+        lib = bpfsys.lib()
+        key, nxt = ctypes.create_string_buffer(self.key_size), ctypes.create_string_buffer(self.key_size)
+        val = ctypes.create_string_buffer(self.value_buf_size)
+        first = True
+        while lib.bpf_map_get_next_key(self.fd, None if first else key, nxt) >= 0:
+            first = False
+            ctypes.memmove(key, nxt, self.key_size)
+            if lib.bpf_map_lookup_elem(self.fd, key, val) < 0:
+                continue  # deleted meanwhile (an LRU eviction), or an empty slot of a map of maps
+            yield key.raw, val.raw
+
+    def put(self, key: bytes, value: bytes, flags: int) -> int:
+        """Returns 0, or the errno of a refusal."""
+        fd_to_close = -1
+        if self.type == MAP_TYPE_ARRAY_OF_MAPS:  # lookups give inner map ids, updates take fds
+            try:
+                fd_to_close = bpfsys.map_fd_by_id(int.from_bytes(value[:4], "little"))
+            except OSError as exc:
+                return exc.errno
+            value = fd_to_close.to_bytes(4, "little")
+        try:
+            ret = bpfsys.lib().bpf_map_update_elem(self.fd, key, value, flags)
+        finally:
+            if fd_to_close >= 0:
+                os.close(fd_to_close)
+        return -ret if ret < 0 else 0
+
+
+def copy(old_fd: int, new_fd: int, converters: list[Converter], only_new: bool) -> CopyResult:
+    """Copy every entry of the map ``old_fd`` into ``new_fd`` through ``converters``.
+    ``only_new``: an entry whose key the new map holds already is kept as it is (the
+    second pass after the new programs took over: what they wrote is newer)."""
+    src, dst = _RawMap(old_fd), _RawMap(new_fd)
+    if src.value_buf_size != dst.value_buf_size and not converters:
+        raise KxlbError(f"cannot copy a map with {src.value_size}-byte values into one with {dst.value_size}")
+    arrays = dst.type in (MAP_TYPE_ARRAY, MAP_TYPE_PERCPU_ARRAY, MAP_TYPE_ARRAY_OF_MAPS)
+    flags = bpfsys.BPF_NOEXIST if only_new and not arrays else bpfsys.BPF_ANY
+    out = CopyResult()
+    for key, value in src.entries():
+        entries = [(key, value)]
+        for conv in converters:
+            entries = [e for k, v in entries for e in conv(k, v)]
+        if not entries:
+            out.skipped += 1
+        for k, v in entries:
+            if arrays and int.from_bytes(k[:4], "little") >= dst.max_entries:
+                out.failed += 1   # an array that shrank: the index no longer exists
+                continue
+            err = dst.put(k, v, flags)
+            if err == 0:
+                out.copied += 1
+            elif err == errno.EEXIST:
+                out.skipped += 1
+            else:
+                out.failed += 1
+    return out
