@@ -61,9 +61,7 @@ def cleanup_stale() -> list[str]:
     for d in os.listdir("/sys/fs/bpf") if os.path.isdir("/sys/fs/bpf") else []:
         m = re.fullmatch(rf"{PREFIX}(\d+)x\d+", d)
         if m and not alive(int(m.group(1))):
-            for f in os.listdir(f"/sys/fs/bpf/{d}"):
-                os.unlink(f"/sys/fs/bpf/{d}/{f}")
-            os.rmdir(f"/sys/fs/bpf/{d}")
+            shutil.rmtree(f"/sys/fs/bpf/{d}", ignore_errors=True)
             removed.append(d)
     return removed
 

@@ -191,18 +191,23 @@ class Prepared:
     reattached: list[Attachment] = field(default_factory=list)
 
 
-def prepare(pin_dir: str, reg: Registry, extra_cflags: list[str] | None = None) -> Prepared:
+def prepare(pin_dir: str, reg: Registry, extra_cflags: list[str] | None = None,
+            the_plan: Plan | None = None) -> Prepared:
     """Make ``pin_dir`` hold this build's datapath (the caller holds the writer lock):
     adopt it as it is, or stage, switch and commit a new one (the module's docstring)."""
     specs = datapath_specs(extra_cflags)
-    the_plan = plan(pin_dir, specs)
+    the_plan = the_plan or plan(pin_dir, specs)
     digest = build_digest(extra_cflags)
     done = reg.get(BUILD_RECORD) or {}
     if the_plan.adopts_everything and not the_plan.stale and done.get("digest") == digest:
         try:
-            return Prepared(pinned_datapath(pin_dir), compiled=False)
+            dp = pinned_datapath(pin_dir)
         except KxlbError:
-            pass  # a program pin is missing: compile
+            dp = None  # a program pin is missing: compile
+        # The pins must still be the programs that build made: another release's load
+        # (a roll back) re-pins its own under the same names.
+        if dp is not None and _program_ids(dp) == done.get("programs"):
+            return Prepared(dp, compiled=False)
     staging = os.path.join(pin_dir, STAGING)
     _remove_staging(staging)
     os.mkdir(staging, 0o700)
@@ -223,8 +228,13 @@ def prepare(pin_dir: str, reg: Registry, extra_cflags: list[str] | None = None) 
         raise
     _commit(pin_dir, staging, the_plan)
     reg.put(BUILD_RECORD, {"digest": digest, "loaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                           "programs": _program_ids(dp),
                            "layouts": {s.base: s.version for s in specs.values() if s.stateful}})
     return Prepared(dp, compiled=True, migrated=migrated, reattached=switched)
+
+
+def _program_ids(dp: Datapath) -> list[int]:
+    return [attach.prog_ref(fd).id for fd in (dp.tc_fd, dp.xdp_fd, dp.tc_egress_fd)]
 
 
 def _copy(the_plan: Plan, staging: str, only_new: bool) -> list[str]:
@@ -376,20 +386,33 @@ def load(ifaces: list[str], ns: str | None = None, xdp_mode: str | None = None,
          wait: float = 0.0, extra_cflags: list[str] | None = None) -> tuple[Prepared, list[Attachment]]:
     """Prepare this build's datapath in ``pin_dir`` (compile only when needed, migrate
     what changed) and attach it on each of ``ifaces``. Everything that can be refused is
-    checked before anything changes: root, bpffs, the pin directory, the namespace, the
-    interfaces, XDP placement, the maps' layouts. Idempotent."""
+    checked before anything changes: root, the namespace, the interfaces, XDP placement,
+    the pin directory, the maps' layouts. A load that fails leaves what was there
+    before (a pin directory it created included). Idempotent."""
     require_root("kxlb load")
-    prepare_pin_dir(pin_dir)
     from .netns import netns_path
     netns_path(ns)
     for iface in ifaces:
         attach.interface_exists(ns, iface)
         if xdp_mode and not xdp_trust_checksums:
             check_xdp_placement(ns, iface, xdp_mode)
-    with WriterLock(pin_dir).acquire(wait), Registry(pin_dir, create=True) as reg:
-        prepared = prepare(pin_dir, reg, extra_cflags)
-        done = [attach_one(prepared.dp, iface, ns, xdp_mode, pin_dir, force=force,
-                           xdp_trust_checksums=xdp_trust_checksums, reg=reg) for iface in ifaces]
+    created = not os.path.lexists(pin_dir)
+    prepare_pin_dir(pin_dir)
+    done: list[Attachment] = []
+    try:
+        with WriterLock(pin_dir).acquire(wait):
+            the_plan = plan(pin_dir, datapath_specs(extra_cflags))
+            with Registry(pin_dir, create=True) as reg:
+                prepared = prepare(pin_dir, reg, extra_cflags, the_plan)
+                for iface in ifaces:
+                    done.append(attach_one(prepared.dp, iface, ns, xdp_mode, pin_dir, force=force,
+                                           xdp_trust_checksums=xdp_trust_checksums, reg=reg))
+    except BaseException:
+        if created:  # a first load: nothing of kxlb's was here, so nothing may stay
+            for a in done:
+                _detach(a, missing_ok=True)
+            remove_pins(pin_dir)
+        raise
     return prepared, done
 
 

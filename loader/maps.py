@@ -40,8 +40,8 @@ class BpfMap(Generic[K, V]):
             os.close(self.fd)
             raise KxlbError(
                 f"map {path} has key/value sizes {info.key_size}/{info.value_size}, this kxlb expects "
-                f"{ctypes.sizeof(key_t)}/{ctypes.sizeof(value_t)}: it was made by another version "
-                f"(`kxlb unload` and load again)")
+                f"{ctypes.sizeof(key_t)}/{ctypes.sizeof(value_t)}: another build of kxlb, or another tool, made "
+                f"it (`kxlb load` migrates the layouts of kxlb's releases: docs/operations.md)")
         self.max_entries = info.max_entries
         self.ncpu = bpfsys.possible_cpus() if percpu else 1
         self._stride = (ctypes.sizeof(value_t) + 7) & ~7

@@ -1,0 +1,247 @@
+"""Loads that never break the running datapath: a refused or failed load changes
+nothing, a changed map is migrated with its contents, and an upgrade from the previous
+release (and a roll back to it) keeps every open connection. Real namespaces, real
+sockets, the previous release's own code (tests/oldrelease.py)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import oldrelease
+from kxlb.loader import bpfsys, datapath
+from kxlb.loader import compile as comp
+from kxlb.loader.errors import KxlbError
+from kxlb.loader.maps import Maps
+from kxlb.loader.services import DatapathConfig, ServiceTable
+
+VIP = "10.96.5.1"
+
+
+def kxlb(pin_dir, *args):
+    return subprocess.run([sys.executable, "-m", "kxlb", "--pin-dir", pin_dir, *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def pins(pin_dir) -> dict[str, int]:
+    """Pin name -> inode: the same inode is the same map or program."""
+    return {n: os.lstat(os.path.join(pin_dir, n)).st_ino for n in os.listdir(pin_dir)}
+
+
+def tc_prog(ns, iface, direction="ingress") -> str:
+    """The id of our tc program on ``iface`` ("" when none)."""
+    out = subprocess.run(["tc", "-n", ns, "filter", "show", "dev", iface, direction], capture_output=True,
+                         text=True).stdout
+    return " ".join(m.group(1) for line in out.splitlines() if "kxlb" in line
+                    for m in [re.search(r"\bid (\d+)", line)] if m)
+
+
+# A client holding connections open through the datapath: TCP connections and connected
+# UDP sockets, each probed with one line/datagram ("probe" prints the backends that
+# answered), and a UDP stream of one datagram every 5 ms to count losses ("ping start",
+# "ping stop" prints sent and received).
+HOLDER = r"""
+import json, socket, sys, threading, time
+socks = []
+for proto, host, port in json.loads(sys.argv[1]):
+    if proto == "tcp":
+        s = socket.create_connection((host, port), timeout=5)
+    else:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3); s.connect((host, port))
+    socks.append((proto, s))
+def probe():
+    out = []
+    for proto, s in socks:
+        try:
+            if proto == "tcp":
+                s.sendall(b"x\n"); data = b""
+                while not data.endswith(b"\n"):
+                    chunk = s.recv(100)
+                    if not chunk:
+                        raise ConnectionError("closed")
+                    data += chunk
+            else:
+                s.send(b"x"); data = s.recv(100)
+            out.append(data.split()[0].decode())
+        except Exception as exc:
+            out.append(f"error: {exc}")
+    return out
+ping = {"sent": 0, "got": set(), "run": False}
+def pinger(host, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect((host, port)); s.settimeout(0.005)
+    while ping["run"]:
+        s.send(str(ping["sent"]).encode()); ping["sent"] += 1
+        t = time.monotonic() + 0.005
+        while time.monotonic() < t:
+            try:
+                ping["got"].add(s.recv(100).split()[1])
+            except (socket.timeout, OSError):
+                pass
+    end = time.monotonic() + 2
+    while time.monotonic() < end:
+        try:
+            ping["got"].add(s.recv(100).split()[1])
+        except (socket.timeout, OSError):
+            pass
+print(json.dumps(probe()), flush=True)
+thread = None
+for line in sys.stdin:
+    cmd = line.split()
+    if cmd[0] == "probe":
+        print(json.dumps(probe()), flush=True)
+    elif cmd[0] == "ping" and cmd[1] == "start":
+        ping["run"] = True
+        thread = threading.Thread(target=pinger, args=(cmd[2], int(cmd[3]))); thread.start()
+        print("[]", flush=True)
+    elif cmd[0] == "ping" and cmd[1] == "stop":
+        ping["run"] = False; thread.join()
+        print(json.dumps({"sent": ping["sent"], "received": len(ping["got"])}), flush=True)
+"""
+
+
+class Holder:
+    def __init__(self, ns: str, targets: list):
+        self.proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", HOLDER, json.dumps(targets)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.first = self._read()
+
+    def _read(self):
+        line = self.proc.stdout.readline()
+        assert line, "the client holding the connections died"
+        return json.loads(line)
+
+    def ask(self, *words):
+        self.proc.stdin.write(" ".join(map(str, words)) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def old(tmp_path_factory):
+    return oldrelease.build(tmp_path_factory.mktemp("release"))
+
+
+def old_kxlb(path, pin_dir, *args):
+    return subprocess.run(oldrelease.command(path, "--pin-dir", pin_dir, *args), capture_output=True, text=True,
+                          timeout=300)
+
+
+def ok(r):
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_upgrade_from_the_previous_release_and_back_keeps_every_connection(netlab, old):
+    """kxlb 0.1.0 serves a VIP (TCP, UDP) and a masqueraded NodePort with connections open;
+    this release loads over it, 0.1.0 loads back over this one, this one again: every
+    connection keeps its backend throughout, and no datagram of a 200/s stream is lost."""
+    lab, pin = netlab, netlab.pin_dir
+    lab.start_servers(8080)
+    ifaces = [a for i in lab.node_ifaces for a in ("--iface", i)]
+    ok(old_kxlb(old, pin, "load", "--netns", lab.node, *ifaces))
+    backends = [f"{lab.backend_ip(i)}:8080" for i in range(3)]
+    ok(old_kxlb(old, pin, "service", "add", f"{VIP}:80/tcp", *backends, "--node-port", f"{lab.node_client_ip}:30080"))
+    ok(old_kxlb(old, pin, "service", "add", f"{VIP}:53/udp", *backends))
+    with Maps.open(pin) as maps:  # masquerade the NodePort's outside clients to the node's address
+        ServiceTable(maps).set_config(DatapathConfig(snat_addrs=(lab.node_client_ip,)))
+    targets = [("tcp", VIP, 80)] * 4 + [("tcp", lab.node_client_ip, 30080)] * 3 + [("udp", VIP, 53)] * 3
+    holder = Holder(lab.client, targets)
+    try:
+        first = holder.first
+        assert all(b.startswith("be") for b in first), first
+        flows = len(json.loads(ok(kxlb(pin, "conntrack", "--json")).stdout))
+        holder.ask("ping", "start", VIP, 53)
+        before = tc_prog(lab.node, "cli0")
+        r = ok(kxlb(pin, "load", "--netns", lab.node, *ifaces))              # upgrade
+        assert "4 earlier attachments now run this build" in r.stdout, r.stdout
+        assert tc_prog(lab.node, "cli0") != before
+        assert holder.ask("probe") == first
+        ok(old_kxlb(old, pin, "load", "--netns", lab.node, *ifaces))        # roll back
+        assert holder.ask("probe") == first
+        r = ok(kxlb(pin, "load", "--netns", lab.node, *ifaces))              # and up again
+        assert holder.ask("probe") == first
+        stream = holder.ask("ping", "stop")
+        print(f"datagrams through the three swaps: {stream}")
+        assert stream["sent"] > 100 and stream["received"] == stream["sent"], stream
+        assert len(json.loads(ok(kxlb(pin, "conntrack", "--json")).stdout)) >= flows
+    finally:
+        holder.close()
+    r = ok(kxlb(pin, "unload"))
+    assert not os.path.exists(pin)
+    assert tc_prog(lab.node, "cli0") == ""
+    assert not os.path.exists(f"/run/kxlb/{pin.strip('/').replace('_', '%5F').replace('/', '_')}.json")
+
+
+def test_a_pin_of_another_layout_is_refused_and_changes_nothing(netlab):
+    pin = netlab.pin_dir
+    ok(kxlb(pin, "load", "--netns", netlab.node, "--iface", "cli0"))
+    ok(kxlb(pin, "service", "add", f"{VIP}:80/tcp", f"{netlab.backend_ip(0)}:80"))
+    os.unlink(os.path.join(pin, "affinity"))  # another tool's map under one of our names
+    subprocess.run(["bpftool", "map", "create", f"{pin}/affinity", "type", "lru_hash", "key", "12", "value", "8",
+                    "entries", "16", "name", "other"], check=True)
+    before, prog = pins(pin), tc_prog(netlab.node, "cli0")
+    r = kxlb(pin, "load", "--netns", netlab.node, "--iface", "cli0")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "affinity" in r.stderr and "value size 8 (this kxlb: 16)" in r.stderr, r.stderr
+    assert pins(pin) == before and tc_prog(netlab.node, "cli0") == prog
+
+
+def test_a_newer_layout_is_refused(netlab):
+    pin = netlab.pin_dir
+    ok(kxlb(pin, "load", "--netns", netlab.node, "--iface", "cli0"))
+    subprocess.run(["bpftool", "map", "create", f"{pin}/conntrack_v9", "type", "lru_hash", "key", "16", "value", "48",
+                    "entries", "16", "name", "ct_map"], check=True)
+    before = pins(pin)
+    r = kxlb(pin, "load", "--netns", netlab.node, "--iface", "cli0")
+    assert r.returncode == 1 and "layout version 9, which is newer" in r.stderr, r.stderr
+    assert pins(pin) == before
+
+
+def test_a_failed_compile_changes_nothing(netlab, tmp_path, monkeypatch):
+    pin = netlab.pin_dir
+    datapath.load(["cli0"], netlab.node, pin_dir=pin)
+    before, prog = pins(pin), tc_prog(netlab.node, "cli0")
+    bad = tmp_path / "kxlb.c"
+    bad.write_text('#include "maps.h"\nint kxlb_tc(struct __sk_buff *skb) { return undeclared_thing; }\n')
+    (tmp_path / "maps.h").write_text((comp.BPF_DIR / "maps.h").read_text())
+    (tmp_path / "consts.h").write_text((comp.BPF_DIR / "consts.h").read_text())
+    monkeypatch.setattr(comp, "MAIN_SOURCE", bad)
+    with pytest.raises(KxlbError, match="undeclared_thing"):
+        datapath.load(["cli0"], netlab.node, pin_dir=pin)
+    assert pins(pin) == before and tc_prog(netlab.node, "cli0") == prog
+
+
+def test_a_load_on_a_missing_interface_leaves_nothing(netlab):
+    r = kxlb(netlab.pin_dir, "load", "--netns", netlab.node, "--iface", "cli0", "--iface", "nosuch0")
+    assert r.returncode == 1 and "interface 'nosuch0' not found" in r.stderr
+    assert not os.path.exists(netlab.pin_dir)
+    assert tc_prog(netlab.node, "cli0") == ""
+
+
+def test_a_new_conntrack_capacity_keeps_open_connections(netlab):
+    """A build with another conntrack size migrates the table: the open connections keep
+    their backend and their reverse NAT through the new map."""
+    lab, pin = netlab, netlab.pin_dir
+    lab.start_servers(8080)
+    ifaces = lab.node_ifaces
+    datapath.load(ifaces, lab.node, pin_dir=pin)
+    ok(kxlb(pin, "service", "add", f"{VIP}:80/tcp", *[f"{lab.backend_ip(i)}:8080" for i in range(3)]))
+    holder = Holder(lab.client, [("tcp", VIP, 80)] * 6)
+    try:
+        prepared, _ = datapath.load(ifaces, lab.node, pin_dir=pin, extra_cflags=["-DKXLB_CT_ENTRIES=131072"])
+        assert sorted(m.split(" (")[0] for m in prepared.migrated) == [  # sock_rev is sized like conntrack
+            "conntrack: capacity 262144 -> 131072", "sock_rev: capacity 262144 -> 131072"]
+        fd = bpfsys.obj_get(os.path.join(pin, "conntrack"))
+        assert bpfsys.map_info(fd).max_entries == 131072
+        os.close(fd)
+        assert holder.ask("probe") == holder.first
+    finally:
+        holder.close()
