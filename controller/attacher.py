@@ -16,9 +16,10 @@ log = logging.getLogger("kxlb.attacher")
 
 class InterfaceAttacher:
     def __init__(self, dp: Datapath, ns: str | None, patterns: list[str], xdp_mode: str | None,
-                 pin_dir: str, period: float = 0.2, xdp_trust_checksums: bool = False):
+                 pin_dir: str, period: float = 0.2, xdp_trust_checksums: bool = False, registry=None):
         self.dp, self.ns, self.patterns, self.xdp_mode, self.pin_dir = dp, ns, patterns, xdp_mode, pin_dir
         self.period, self.xdp_trust_checksums = period, xdp_trust_checksums
+        self.registry = registry  # the controller's (loader/registry.py): where attachments are recorded
         self.attached: set[str] = set()
         self.refused: dict[str, str] = {}  # interface -> why: logged once, retried quietly
         self._stop = threading.Event()
@@ -35,7 +36,7 @@ class InterfaceAttacher:
                 continue
             try:
                 attach_one(self.dp, name, self.ns, self.xdp_mode, self.pin_dir,
-                           xdp_trust_checksums=self.xdp_trust_checksums)
+                           xdp_trust_checksums=self.xdp_trust_checksums, reg=self.registry)
             except KxlbError as exc:  # it may vanish between listing and attaching, or be refused
                 if self.refused.get(name) != str(exc):
                     log.warning("attaching to %s failed: %s", name, exc)

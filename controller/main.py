@@ -12,10 +12,12 @@ import threading
 import time
 
 from kxlb.loader.errors import KxlbError
+from kxlb.loader.journal import Journal
+from kxlb.loader.lock import LockBusy, WriterLock
 from kxlb.loader.maglev import DEFAULT_TABLE_SIZE, check_table_size
 from kxlb.loader.maps import Maps
-
-from kxlb.loader.netns import netns
+from kxlb.loader.netns import netns, netns_path
+from kxlb.loader.registry import Registry
 
 from .health import ProxyHealth, serve_health
 from .metrics import Metrics, serve
@@ -107,6 +109,9 @@ def run(a) -> None:
     from .controller import Controller, ControllerConfig
 
     setup_logging(a.log_level, a.log_format)
+    if a.cleanup:
+        cleanup(a)
+        return
     resolve(a)
     check_table_size(a.maglev_table_size)  # before anything is attached or written
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1` dumps every thread's stack
@@ -123,23 +128,22 @@ def run(a) -> None:
         hserver = serve_health(health, hhost, hport,
                                lambda path, code: (metrics.healthz if path == "healthz" else metrics.livez)
                                .labels(str(code)).inc())
+    lock, reg = take_pin_dir(a, hhost, hport)
     attacher = None
     if a.iface or a.cgroup:
-        from kxlb.loader.compile import pinned_datapath
-        from kxlb.loader.datapath import prepare_pin_dir, require_root
-        from kxlb.loader.netns import netns_path
-
-        require_root("kxlb controller --iface/--cgroup")
-        prepare_pin_dir(a.pin_dir)  # 0700 and root's, as `kxlb load` makes it
-        netns_path(a.netns)
-        prepare_in_child(a.pin_dir, a.cgroup)
+        dp = prepare_datapath(a.pin_dir, reg, lock)
         if a.cgroup:
+            from kxlb.loader.socklb import attach_socket_lb
+            attach_socket_lb(a.pin_dir, a.cgroup)  # the pinned hooks: the cgroup keeps them attached
             log.info("socket-level load balancing attached to cgroup %s", a.cgroup)
         if a.iface:
-            dp = pinned_datapath(a.pin_dir)
             attacher = InterfaceAttacher(dp, a.netns, a.iface, a.xdp_mode if a.xdp else None, a.pin_dir,
-                                         xdp_trust_checksums=a.xdp_trust_checksums).start()
+                                         xdp_trust_checksums=a.xdp_trust_checksums, registry=reg).start()
     maps = Maps.open(a.pin_dir)
+    journal = Journal(reg)
+    repaired = journal.repair(maps)  # what a writer killed half way left (loader/journal.py)
+    if repaired is not None:
+        log.warning("a writer was killed in the middle of a change; repaired: %s", repaired)
     client = api_client(a.kubeconfig)
     if a.detect_local == "NodeCIDR":
         log.info("detect-local: the Node's podCIDR (detectLocalMode NodeCIDR)")
@@ -153,7 +157,7 @@ def run(a) -> None:
                                                     masquerade_all=a.masquerade_all,
                                                     nodeport_addresses=parse_nodeport_cidrs(a.nodeport_addresses),
                                                     netns=a.netns, maglev_table_size=a.maglev_table_size),
-                     metrics, EventRecorder(client, a.node_name))
+                     metrics, EventRecorder(client, a.node_name), journal=journal)
     ctl.health = health  # the one the listeners answer from (nothing has read the controller's own yet)
     ctl.start()
     log.info("controller for node %s started; maps in %s; metrics on %s", a.node_name, a.pin_dir,
@@ -166,37 +170,90 @@ def run(a) -> None:
     ctl.stop()
     if attacher:
         attacher.stop()
+    lock.release()  # the next writer (a new controller, say) may go on
     server.close()
     hserver.close()
 
 
+def cleanup(a) -> None:
+    """--cleanup, as kube-proxy's: remove what kxlb made on this node, and exit (without
+    talking to the API server). Waits for a controller still stopping to let go."""
+    from kxlb.loader.cleanup import cleanup as clean
+
+    done = clean(a.pin_dir, a.netns, a.cgroup, wait=60)
+    log.info("cleanup: %d attachments detached, %d pins removed from %s", len(done.detached),
+             len(done.pins_removed), a.pin_dir)
+    for note in done.notes:
+        log.warning("cleanup: %s", note)
+
+
+def take_pin_dir(a, hhost: str, hport: int):
+    """The pin directory's writer lock, for the controller's whole life (loader/lock.py):
+    a manual `kxlb service add` beside it is refused at once, naming it, and a new
+    controller (a DaemonSet's next pod) waits here until the old one has gone."""
+    from kxlb.loader.datapath import prepare_pin_dir, require_root
+
+    if a.iface or a.cgroup:
+        require_root("kxlb controller --iface/--cgroup")
+        netns_path(a.netns)
+        prepare_pin_dir(a.pin_dir)  # 0700 and root's, as `kxlb load` makes it
+    elif not os.path.isdir(a.pin_dir):
+        raise KxlbError(f"no datapath pinned at {a.pin_dir}: load it (`kxlb load`) or pass --iface/--cgroup")
+    what = f"the controller of node {a.node_name}"
+    probe = "127.0.0.1" if hhost in ("0.0.0.0", "::") else hhost
+    health = "" if a.netns else f"http://{'[' + probe + ']' if ':' in probe else probe}:{hport}/healthz"
+    lock = WriterLock(a.pin_dir)
+    while True:
+        try:
+            lock.acquire(timeout=10, what=what, patient=True, health=health)
+            break
+        except LockBusy as exc:
+            log.warning("waiting for the pin directory's writer lock: %s", exc)
+    reg = Registry(a.pin_dir, create=True)
+    lock.announce()  # a first start made the registry only now
+    return lock, reg
+
+
 PREPARE = """
 import sys
-from kxlb.loader.compile import compile_datapath
+from kxlb.loader import datapath
 from kxlb.loader.errors import KxlbError
-pin, cgroup = sys.argv[1], sys.argv[2]
+from kxlb.loader.lock import WriterLock
+from kxlb.loader.registry import Registry
+pin = sys.argv[1]
 try:
-    compile_datapath(pin)  # pins the maps and both programs
-    if cgroup:
-        from kxlb.loader.socklb import attach_socket_lb
-        attach_socket_lb(pin, cgroup)  # the cgroup keeps the programs attached
+    with WriterLock(pin).acquire(), Registry(pin, create=True) as reg:  # the parent's lock, inherited
+        datapath.prepare(pin, reg)
 except KxlbError as exc:
     print(exc, file=sys.stderr)
     sys.exit(1)
 """
 
 
-def prepare_in_child(pin_dir: str, cgroup: str | None) -> None:
-    """Compile with BCC in a short-lived child: LLVM (about 150 MB) never stays in the
-    controller's memory. The programs come back as pins (loader/compile.py)."""
+def prepare_datapath(pin_dir: str, reg, lock):
+    """This build's datapath in the pin directory: the pinned programs when they are this
+    build's (a restart: no compile), else compiled, migrated and switched in a short-lived
+    child under this process's writer lock, so LLVM (about 150 MB) never stays in the
+    controller's memory (loader/datapath.py)."""
     import subprocess
     import sys
 
+    from kxlb.loader.compile import pinned_datapath
+    from kxlb.loader.datapath import plan, reusable
+    from kxlb.loader.mapspec import datapath_specs
+
+    dp = reusable(pin_dir, reg, plan(pin_dir, datapath_specs()))
+    if dp is not None:
+        log.info("the pinned datapath is this build's: attached without compiling")
+        return dp
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-c", PREPARE, pin_dir, cgroup or ""], capture_output=True, text=True)
+    env, fds = lock.child_env()
+    r = subprocess.run([sys.executable, "-c", PREPARE, pin_dir], capture_output=True, text=True, env=env,
+                       pass_fds=fds)
     if r.returncode != 0:
         raise KxlbError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "compiling the datapath failed")
     log.info("datapath compiled and pinned in %.1fs", time.monotonic() - t0)
+    return pinned_datapath(pin_dir)
 
 
 def bind_address(text: str, flag: str) -> tuple[str, int]:
@@ -267,6 +324,9 @@ def register(sub) -> None:
                    help=f"entries of the Maglev lookup table of the largest backend sets (a prime above the "
                         f"largest set, at most 65521; smaller sets get 251 or 1021: docs/datapath.md; default "
                         f"{DEFAULT_TABLE_SIZE}). A new size applies to a set when it next changes")
+    p.add_argument("--cleanup", action="store_true",
+                   help="remove every program, hook and pin kxlb made on this node (in --netns, --cgroup, "
+                        "--pin-dir), then exit: kube-proxy's --cleanup, for going back to kube-proxy")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--log-format", default="text", choices=("text", "json"))
     p.set_defaults(func=run)

@@ -92,6 +92,48 @@ def cmd_service(a) -> None:
     print(f"kxlb: service {key} (id {st.svc_id}) -> {', '.join(map(str, st.backends)) or 'no backends'}")
 
 
+def cmd_cleanup(a) -> None:
+    from kxlb.loader.cleanup import cleanup
+
+    done = cleanup(a.pin_dir, a.netns, a.cgroup, wait=a.wait)
+    for att in done.detached:
+        print(f"kxlb: detached {att.hook} from {att.iface}" + (f" in netns {att.netns}" if att.netns else ""))
+    print(f"kxlb: removed {len(done.pins_removed)} pins in {a.pin_dir}; nothing of kxlb's is left "
+          f"{'in netns ' + a.netns if a.netns else 'in this network namespace'}")
+    for note in done.notes:
+        print(f"kxlb: note: {note}")
+
+
+def cmd_status(a) -> None:
+    from kxlb.loader.status import status
+
+    st = status(a.pin_dir)
+    if a.json:
+        _print_json(st)
+        return
+    print(f"pin directory   {st['pin_dir']}{'' if st['loaded'] else ' (nothing loaded)'}")
+    if not st["loaded"]:
+        return
+    b = st.get("build") or {}
+    old = {k: v for k, v in (b.get("layouts") or {}).items() if v != 1}
+    print(f"build           {'loaded ' + b['loaded_at'] if b else 'no record (loaded by kxlb 0.1, or never)'}"
+          + (f", layouts {', '.join(f'{k} v{v}' for k, v in sorted(old.items()))}" if old else ""))
+    w = st.get("writer")
+    print(f"writer          {(w.get('what') or 'a command') + ', ' + ', '.join(w['holders']) if w else 'none'}"
+          + (f" (health {w['health_check']})" if w and w.get("health_check") else ""))
+    if st.get("interrupted_write"):
+        print(f"interrupted     {st['interrupted_write']} (the next writer repairs it; or `kxlb gc`)")
+    for att in st["attachments"]:
+        where = att["where"] + (f" in netns {att['netns']}" if att["netns"] else "")
+        print(f"attached        {att['hook']}{' ' + att['mode'] if att['mode'] else ''} on {where}: {att['state']}")
+    for name, m in st["maps"].items():
+        print(f"map             {name:12} {m['entries']:>9} of {m['capacity']:<9} "
+              f"{100 * m['entries'] / m['capacity']:5.1f}%")
+    for name, d in st["drops"].items():
+        if d["count"]:
+            print(f"{d['kind']:15} {name:12} {d['count']}")
+
+
 def cmd_gc(a) -> None:
     from kxlb.loader.journal import sweep
 
@@ -117,7 +159,14 @@ def _options(spec: LbService) -> list[str]:
 
 def cmd_list(a) -> None:
     with Maps.open(a.pin_dir) as maps:
-        services = sorted(ServiceTable(maps).read_all().values(), key=lambda s: s.key)
+        table = ServiceTable(maps)
+        if a.frontend:
+            vip, port, proto = _frontend_filter(a.frontend)
+            services = table.read_matching(vip, port, proto)
+            if not services:
+                raise KxlbError(f"no service has a frontend {a.frontend}")
+        else:
+            services = sorted(table.read_all().values(), key=lambda s: s.key)
     if a.json:
         _print_json([{"service": str(s.key), "vip": s.key.vip, "port": s.key.port,
                       "protocol": PROTO_NAMES[s.key.proto], "id": s.svc_id,
@@ -165,6 +214,17 @@ def _flow_rows(maps: Maps, include_all: bool) -> list[dict]:
             "entries": f.entries,
         })
     return sorted(rows, key=lambda r: (r["frontend"], r["client"]))
+
+
+def _frontend_filter(text: str) -> tuple[str, int | None, int | None]:
+    """`kxlb list` argument: VIP, VIP:PORT or VIP:PORT/PROTO ([IPv6] with a port)."""
+    if "/" in text:
+        key = ServiceKey.parse(text)
+        return key.vip, key.port, key.proto
+    if text.startswith("[") or text.count(":") == 1:
+        addr, port = parse_addr_port(text, "frontend", "VIP:PORT")
+        return addr, port, None
+    return parse_ip(text, "frontend"), None, None
 
 
 def cmd_conntrack(a) -> None:
@@ -374,6 +434,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_service)
     _wait_option(s)
 
+    cl = sub.add_parser("cleanup", help="remove every program, hook and pin kxlb made on this node (the "
+                                        "registry's and, by name, those it may not know: kube-proxy's --cleanup)")
+    cl.add_argument("--netns", help="the network namespace to clean (default: this one)")
+    cl.add_argument("--cgroup", help="the cgroup v2 directory of the socket hooks (default: the cgroup2 root)")
+    cl.set_defaults(func=cmd_cleanup)
+    _wait_option(cl)
+
+    st = sub.add_parser("status", help="what is loaded, attached where, who writes the maps, how full they are, "
+                                       "what was dropped")
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.set_defaults(func=cmd_status)
+
     gc = sub.add_parser("gc", help="remove backend slots, Maglev tables, source ranges and markers that no "
                                    "service reaches (left by a writer that was killed, or by an older kxlb)")
     gc.set_defaults(func=cmd_gc)
@@ -384,6 +456,9 @@ def build_parser() -> argparse.ArgumentParser:
                                ("stats", cmd_stats, "per-service and datapath counters")):
         c = sub.add_parser(name, help=helptext)
         c.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "list":
+            c.add_argument("frontend", nargs="?", metavar="VIP[:PORT[/PROTO]]",
+                           help="only the service ports with this frontend (looked up, not a scan of every map)")
         if name == "conntrack":
             c.add_argument("--all", action="store_true", help="include expired flows")
         c.set_defaults(func=fn)
@@ -413,9 +488,16 @@ def _accept_after_command(parser: argparse.ArgumentParser, flag: str, skip: set[
 
 
 def _extensions():
-    """Sub-commands living in other packages (demo, lab)."""
+    """Sub-commands living in other packages: the controller's, and the development lab's
+    (demo, lab) where the lab is installed. A checkout's venv has it; the product (the
+    image of deploy/Dockerfile) is built without it, and its CLI has no lab commands."""
     from kxlb.controller import main as controller
-    from kxlb.lab import labcli, standalone
+    try:
+        from kxlb.lab import labcli, standalone
+    except ModuleNotFoundError as exc:
+        if exc.name != "kxlb.lab":   # the lab is there but broken (a dependency missing): say so
+            raise
+        return [controller.register]
     return [controller.register, standalone.register, labcli.register]
 
 

@@ -140,6 +140,31 @@ def batch_opts(elem_flags: int = 0) -> BatchOpts:
     return BatchOpts(sz=ctypes.sizeof(BatchOpts), elem_flags=elem_flags, flags=0)
 
 
+ENOTSUPP = 524  # the kernel's "operation not supported" for a map type without batch ops
+
+
+def lookup_batches(fd: int, key_size: int, value_size: int, chunk: int = 4096, what: str = "map"):
+    """Every entry of a map by batch lookups (one syscall per ``chunk`` entries), as
+    (keys, values, count) packed bytes. OSError EINVAL or ENOTSUPP from the first call:
+    the kernel has no batch lookup for this map type."""
+    keys = ctypes.create_string_buffer(key_size * chunk)
+    vals = ctypes.create_string_buffer(value_size * chunk)
+    token_in, token_out = c_uint64(), c_uint64()
+    opts, first = batch_opts(), True
+    while True:
+        count = c_uint32(chunk)
+        ret = lib().bpf_map_lookup_batch(fd, None if first else ctypes.byref(token_in), ctypes.byref(token_out),
+                                         keys, vals, ctypes.byref(count), ctypes.byref(opts))
+        err = -ret if ret < 0 else 0
+        if ret < 0 and err != errno.ENOENT:
+            check(ret, f"batch lookup in {what}")
+        if count.value:
+            yield keys.raw[:count.value * key_size], vals.raw[:count.value * value_size], count.value
+        if err == errno.ENOENT:
+            return
+        token_in.value, first = token_out.value, False
+
+
 def prog_test_run(prog_fd: int, data: bytes, repeat: int = 1, out_size: int = 0) -> tuple[int, bytes, int]:
     """Run a program on ``data`` in the kernel (BPF_PROG_TEST_RUN).
 

@@ -26,13 +26,12 @@ milliseconds instead of compiling for tens of seconds on a busy node.
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import time
 from dataclasses import dataclass, field
 
 from . import attach, bpfsys, migrate
-from .compile import PROG_PINS, Datapath, build_digest, compile_datapath, pinned_datapath
+from .compile import Datapath, build_digest, compile_datapath, pinned_datapath
 from .errors import KxlbError
 from .lock import WriterLock
 from .mapspec import MapSpec, datapath_specs, known_pins, pin_name, released_layouts, split_pin
@@ -197,17 +196,10 @@ def prepare(pin_dir: str, reg: Registry, extra_cflags: list[str] | None = None,
     adopt it as it is, or stage, switch and commit a new one (the module's docstring)."""
     specs = datapath_specs(extra_cflags)
     the_plan = the_plan or plan(pin_dir, specs)
+    dp = reusable(pin_dir, reg, the_plan, extra_cflags)
+    if dp is not None:
+        return Prepared(dp, compiled=False)
     digest = build_digest(extra_cflags)
-    done = reg.get(BUILD_RECORD) or {}
-    if the_plan.adopts_everything and not the_plan.stale and done.get("digest") == digest:
-        try:
-            dp = pinned_datapath(pin_dir)
-        except KxlbError:
-            dp = None  # a program pin is missing: compile
-        # The pins must still be the programs that build made: another release's load
-        # (a roll back) re-pins its own under the same names.
-        if dp is not None and _program_ids(dp) == done.get("programs"):
-            return Prepared(dp, compiled=False)
     staging = os.path.join(pin_dir, STAGING)
     _remove_staging(staging)
     os.mkdir(staging, 0o700)
@@ -231,6 +223,26 @@ def prepare(pin_dir: str, reg: Registry, extra_cflags: list[str] | None = None,
                            "programs": _program_ids(dp),
                            "layouts": {s.base: s.version for s in specs.values() if s.stateful}})
     return Prepared(dp, compiled=True, migrated=migrated, reattached=switched)
+
+
+def reusable(pin_dir: str, reg: Registry, the_plan: Plan, extra_cflags: list[str] | None = None) -> Datapath | None:
+    """The pinned programs, when they are exactly what this build would load over maps it
+    adopts as they are (None: prepare must compile). Loads no compiler: a controller
+    restarting with the same build attaches in milliseconds."""
+    done = reg.get(BUILD_RECORD) or {}
+    if not the_plan.adopts_everything or the_plan.stale or done.get("digest") != build_digest(extra_cflags):
+        return None
+    try:
+        dp = pinned_datapath(pin_dir)
+    except KxlbError:
+        return None  # a program pin is missing
+    # The pins must still be the programs that build made: another release's load (a roll
+    # back) re-pins its own under the same names.
+    if _program_ids(dp) == done.get("programs"):
+        return dp
+    for fd in (dp.tc_fd, dp.xdp_fd, dp.tc_egress_fd):
+        os.close(fd)
+    return None
 
 
 def _program_ids(dp: Datapath) -> list[int]:

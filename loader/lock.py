@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from .errors import KxlbError
 
 ENV_FD = "KXLB_WRITER_LOCK_FD"
+_HELD: dict[tuple[int, int], list[int]] = {}  # (dev, inode) -> [fd, holds]: re-entrant within a process
 
 
 class LockBusy(KxlbError):
@@ -90,6 +91,7 @@ class WriterLock:
         self.pin_dir = os.path.abspath(pin_dir)
         self.fd = -1
         self._what = ""
+        self._extra: dict = {}
 
     @property
     def held(self) -> bool:
@@ -108,17 +110,25 @@ class WriterLock:
             pass
         return None
 
-    def acquire(self, timeout: float = 0.0, poll: float = 0.05, what: str = "") -> "WriterLock":
+    def acquire(self, timeout: float = 0.0, poll: float = 0.05, what: str = "", patient: bool = False,
+                **record) -> "WriterLock":
         """Take the lock, waiting up to ``timeout`` seconds (not at all when the holder is
-        a long-lived writer: a controller holds it for its life); LockBusy names the
-        holder. ``what``: a long-lived writer's description ("the controller of node
-        n1"), recorded for whoever finds the lock taken."""
+        a long-lived writer, a controller holds it for its life, unless ``patient``: a
+        new controller waits for the old one to go); LockBusy names the holder.
+        ``what``: a long-lived writer's description ("the controller of node n1"),
+        recorded with ``record`` (its health URL, say) for whoever finds the lock taken."""
         if self.held:
+            return self
+        mine = _HELD.get(_dev_ino_path(self.pin_dir))
+        if mine is not None:  # this process holds it already (cleanup calls unload, ...)
+            mine[1] += 1
+            self.fd = mine[0]
             return self
         inherited = self._inherited()
         if inherited is not None:
             fcntl.flock(inherited, fcntl.LOCK_EX)  # shared with the parent: returns at once
             self.fd = inherited
+            _HELD[_dev_ino(inherited)] = [inherited, 1]
             return self
         try:
             fd = os.open(self.pin_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -130,16 +140,23 @@ class WriterLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() >= deadline or _writer_doc(self.pin_dir).get("long_lived"):
+                if time.monotonic() >= deadline or (not patient and _writer_doc(self.pin_dir).get("long_lived")):
                     os.close(fd)
                     raise LockBusy(self.busy_message()) from None
                 time.sleep(poll)
         self.fd = fd
         self._what = what
-        self._record(what)
+        _HELD[_dev_ino(fd)] = [fd, 1]
+        self._extra = record
+        self._record(what, record)
         return self
 
-    def _record(self, what: str) -> None:
+    def announce(self) -> None:
+        """Record the long-lived writer again (the registry did not exist at acquire)."""
+        if self._what:
+            self._record(self._what, self._extra)
+
+    def _record(self, what: str, extra: dict | None = None) -> None:
         """Say who writes now; a short-lived writer clears what the previous one said."""
         from .registry import Registry
 
@@ -148,7 +165,7 @@ class WriterLock:
                 if reg.fd < 0:
                     return
                 if what:
-                    reg.put("writer", {"what": what, "pid": os.getpid(), "long_lived": True,
+                    reg.put("writer", {"what": what, "pid": os.getpid(), "long_lived": True, **(extra or {}),
                                        "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
                 else:
                     reg.delete("writer")
@@ -166,6 +183,13 @@ class WriterLock:
     def release(self) -> None:
         if self.fd < 0:
             return
+        held = _HELD.get(_dev_ino(self.fd))
+        if held is not None:
+            held[1] -= 1
+            if held[1] > 0:  # an outer holder in this process keeps it
+                self.fd = -1
+                return
+            del _HELD[_dev_ino(self.fd)]
         if self._what:
             self._record("")  # a long-lived writer that stops says so
         if self.fd != self._inherited():

@@ -23,7 +23,6 @@ K = TypeVar("K", bound=ctypes.Structure)
 V = TypeVar("V", bound=ctypes.Structure)
 
 DEFAULT_PIN_DIR = "/sys/fs/bpf/kxlb"
-ENOTSUPP = 524  # the kernel's "operation not supported" for a map type without batch ops
 
 
 class BpfMap(Generic[K, V]):
@@ -129,33 +128,12 @@ class BpfMap(Generic[K, V]):
         try:
             return list(self._batches())
         except OSError as exc:
-            if exc.errno not in (errno.EINVAL, ENOTSUPP):
+            if exc.errno not in (errno.EINVAL, bpfsys.ENOTSUPP):
                 raise
             return None
 
-    def _batches(self, chunk: int = 4096) -> Iterator[tuple[bytes, bytes, int]]:
-        """Batch lookups (one syscall per ``chunk`` entries): (keys, values, count) each."""
-        lib = bpfsys.lib()
-        keys = (self.key_t * chunk)()
-        vals = (self.value_t * chunk)()
-        ksize, vsize = ctypes.sizeof(self.key_t), ctypes.sizeof(self.value_t)
-        token_in, token_out = ctypes.c_uint64(), ctypes.c_uint64()
-        opts = bpfsys.batch_opts()
-        first = True
-        while True:
-            count = ctypes.c_uint32(chunk)
-            ret = lib.bpf_map_lookup_batch(self.fd, None if first else ctypes.byref(token_in),
-                                           ctypes.byref(token_out), keys, vals, ctypes.byref(count),
-                                           ctypes.byref(opts))
-            err = -ret if ret < 0 else 0
-            if ret < 0 and err != errno.ENOENT:
-                bpfsys.check(ret, f"batch lookup in {self.path}")
-            if count.value:
-                yield (ctypes.string_at(keys, count.value * ksize), ctypes.string_at(vals, count.value * vsize),
-                       count.value)
-            if err == errno.ENOENT:
-                return
-            token_in.value, first = token_out.value, False
+    def _batches(self) -> Iterator[tuple[bytes, bytes, int]]:
+        return bpfsys.lookup_batches(self.fd, ctypes.sizeof(self.key_t), ctypes.sizeof(self.value_t), what=self.path)
 
     def put_many(self, items: list[tuple[K, V]], flags: int = bpfsys.BPF_ANY) -> None:
         """Write entries with one batch syscall; all-or-error (the caller rolls back)."""
@@ -177,7 +155,7 @@ class BpfMap(Generic[K, V]):
         ret = bpfsys.lib().bpf_map_update_batch(self.fd, keys, vals, ctypes.byref(count), ctypes.byref(opts))
         if ret < 0:
             err = -ret
-            if err in (errno.EINVAL, ENOTSUPP):  # no batch support for this map type
+            if err in (errno.EINVAL, bpfsys.ENOTSUPP):  # no batch support for this map type
                 for i in range(n):
                     self.put(keys[i], vals[i], flags)
                 return

@@ -73,6 +73,25 @@ class _RawMap:
         self.value_buf_size = ((self.value_size + 7) & ~7) * ncpu if ncpu > 1 else self.value_size
 
     def entries(self) -> Iterator[Entry]:
+        for keys, values, n in self.batches():
+            for i in range(n):
+                yield (keys[i * self.key_size:(i + 1) * self.key_size],
+                       values[i * self.value_buf_size:(i + 1) * self.value_buf_size])
+
+    def count(self) -> int:
+        return sum(n for *_, n in self.batches())
+
+    def batches(self) -> Iterator[tuple[bytes, bytes, int]]:
+        """(keys, values, n) in batches where the kernel has batch lookups for the map
+        type, else one entry at a time."""
+        try:
+            yield from bpfsys.lookup_batches(self.fd, self.key_size, self.value_buf_size)
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, bpfsys.ENOTSUPP):
+                raise
+            yield from self._one_by_one()
+
+    def _one_by_one(self) -> Iterator[tuple[bytes, bytes, int]]:
         lib = bpfsys.lib()
         key, nxt = ctypes.create_string_buffer(self.key_size), ctypes.create_string_buffer(self.key_size)
         val = ctypes.create_string_buffer(self.value_buf_size)
@@ -82,7 +101,7 @@ class _RawMap:
             ctypes.memmove(key, nxt, self.key_size)
             if lib.bpf_map_lookup_elem(self.fd, key, val) < 0:
                 continue  # deleted meanwhile (an LRU eviction), or an empty slot of a map of maps
-            yield key.raw, val.raw
+            yield key.raw, val.raw, 1
 
     def put(self, key: bytes, value: bytes, flags: int) -> int:
         """Returns 0, or the errno of a refusal."""

@@ -157,3 +157,20 @@ def flips_done(proc: subprocess.Popen) -> int:
 
 __all__ = ["clean_table", "start_flipper", "flips_done", "Hook", "eth", "assert_checksums", "IP", "TCP", "UDP", "ICMP", "IPerror", "TCPerror",
            "UDPerror", "Ether", "PASS", "TRANSLATED", "DROP"]
+
+
+def add_tc_filter(ns: str, iface: str, fd: int, pref: int, name: str = "other_tool") -> None:
+    """Another tool's tc program (``fd``) on ``iface``'s clsact ingress at priority ``pref``."""
+    from pyroute2 import IPRoute
+
+    from kxlb.loader import attach
+    from kxlb.loader.netns import netns
+
+    with netns(ns):
+        ipr = IPRoute()
+    try:
+        idx = ipr.link_lookup(ifname=iface)[0]
+        ipr.tc("add-filter", "bpf", idx, ":1", fd=fd, name=name, parent=attach.TC_PARENT_INGRESS,
+               classid=1, direct_action=True, prio=pref)
+    finally:
+        ipr.close()

@@ -18,6 +18,9 @@ PREVIOUS = "0.1.0"
 """The release this one upgrades from (docs/operations.md, Upgrades)."""
 
 RUN = "import sys; sys.path.insert(0, sys.argv.pop(1)); from kxlb.cli import main; sys.exit(main(sys.argv[1:]))"
+RUN_SOCKLB = ("import sys; sys.path.insert(0, sys.argv[1]); from kxlb.loader.socklb import attach_socket_lb; "
+              "attach_socket_lb(sys.argv[2], sys.argv[3])")
+"""That release's socket hooks on a cgroup (argv: path, pin dir, cgroup), as its controller attaches them."""
 
 
 def build(dest: Path, release: str = PREVIOUS) -> Path:

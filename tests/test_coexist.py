@@ -22,6 +22,7 @@ from kxlb.lab.client import tcp_request
 from kxlb.loader import attach
 from kxlb.loader.mapspec import build_pins
 from kxlb.loader.netns import netns
+from harness import add_tc_filter
 
 VIP, PORT, BPORT = "10.96.0.10", 80, 8080
 
@@ -162,19 +163,6 @@ def other_tool():
     fn = b.load_func(b"other_tool", BPF.SCHED_CLS)
     yield fn.fd, lambda: b[b"seen"][0].value
     b.cleanup()
-
-
-def add_tc_filter(ns, iface, fd, pref):
-    from pyroute2 import IPRoute
-
-    with netns(ns):
-        ipr = IPRoute()
-    try:
-        idx = ipr.link_lookup(ifname=iface)[0]
-        ipr.tc("add-filter", "bpf", idx, ":1", fd=fd, name="other_tool", parent=attach.TC_PARENT_INGRESS,
-               classid=1, direct_action=True, prio=pref)
-    finally:
-        ipr.close()
 
 
 def test_traffic_that_is_not_ours_reaches_the_next_tc_filter(netlab, other_tool):

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 import oldrelease
+from harness import add_tc_filter
 from kxlb.loader import bpfsys, datapath
 from kxlb.loader import compile as comp
 from kxlb.loader.errors import KxlbError
@@ -245,3 +246,73 @@ def test_a_new_conntrack_capacity_keeps_open_connections(netlab):
         assert holder.ask("probe") == holder.first
     finally:
         holder.close()
+
+
+# --- the way back: cleanup --------------------------------------------------------------------
+def hooks_on(cgroup) -> list[str]:
+    out = subprocess.run(["bpftool", "-j", "cgroup", "show", cgroup], capture_output=True, text=True).stdout
+    return sorted(p["name"] for p in json.loads(out.strip() or "[]"))
+
+
+@pytest.mark.parametrize("how", [["cleanup"], ["controller", "--cleanup"]])
+def test_cleanup_removes_what_a_release_without_a_record_left(netlab, old, how):
+    """kxlb 0.1 in a DaemonSet kept its record in the pod's /run: after an uninstall,
+    `unload` found nothing and the datapath kept translating. `kxlb cleanup` (and
+    `kxlb controller --cleanup`, kube-proxy's flag) finds kxlb's programs, hooks and pins
+    by name and removes them, and nothing else."""
+    from kxlb.loader.registry import legacy_path
+
+    lab, pin = netlab, netlab.pin_dir
+    cgroup = f"/sys/fs/cgroup/unified/{lab.tag}"
+    os.makedirs(cgroup)
+    try:
+        ifaces = [a for i in lab.node_ifaces for a in ("--iface", i)]
+        ok(old_kxlb(old, pin, "load", "--netns", lab.node, *ifaces))
+        r = subprocess.run([sys.executable, "-c", oldrelease.RUN_SOCKLB, str(old), pin, cgroup], capture_output=True,
+                           text=True)
+        assert r.returncode == 0, r.stderr
+        from bcc import BPF
+        other = BPF(text=b"int other_tool(struct __sk_buff *skb) { return -1; }")
+        add_tc_filter(lab.node, "cli0", other.load_func(b"other_tool", BPF.SCHED_CLS).fd, 7)  # it stays
+        os.unlink(legacy_path(pin))    # the record went with the pod
+        assert hooks_on(cgroup) and tc_prog(lab.node, "cli0")
+        r = ok(kxlb(pin, *how, "--netns", lab.node, "--cgroup", cgroup))
+        assert tc_prog(lab.node, "cli0") == "" and all(tc_prog(lab.node, i, "egress") == "" for i in lab.node_ifaces)
+        assert hooks_on(cgroup) == []
+        assert not os.path.exists(pin)
+        other = subprocess.run(["tc", "-n", lab.node, "filter", "show", "dev", "cli0", "ingress"], capture_output=True,
+                               text=True).stdout
+        assert "other_tool" in other
+        ok(kxlb(pin, *how, "--netns", lab.node, "--cgroup", cgroup))  # idempotent
+    finally:
+        os.rmdir(cgroup)
+
+
+def test_status_and_list_of_one_frontend(netlab):
+    lab, pin = netlab, netlab.pin_dir
+    lab.start_servers(8080)
+    ok(kxlb(pin, "load", "--netns", lab.node, *[a for i in lab.node_ifaces for a in ("--iface", i)]))
+    ok(kxlb(pin, "service", "add", f"{VIP}:80/tcp", f"{lab.backend_ip(0)}:8080", "--node-port",
+            f"{lab.node_client_ip}:30080"))
+    ok(kxlb(pin, "service", "add", f"{VIP}:81/tcp", f"{lab.backend_ip(1)}:8080"))
+    ok(kxlb(pin, "service", "add", "10.96.5.2:80/tcp", f"{lab.backend_ip(2)}:8080"))
+    holder = Holder(lab.client, [("tcp", VIP, 80)])
+    holder.close()
+    subprocess.run(["ip", "netns", "exec", lab.client, "ping", "-c1", "-W1", "10.96.5.9"], capture_output=True)
+    st = json.loads(ok(kxlb(pin, "status", "--json")).stdout)
+    assert [a["state"] for a in st["attachments"]] == ["ok"] * 4
+    assert st["writer"] is None and st["interrupted_write"] is None
+    assert st["maps"]["services"]["entries"] == 6  # 3 cluster IPs' ports, a NodePort, 2 markers
+    assert st["maps"]["conntrack"]["entries"] >= 2
+    assert st["build"]["digest"]
+    text = ok(kxlb(pin, "status")).stdout
+    assert "attached        tc on cli0 in netns" in text and "map             services" in text
+    got = json.loads(ok(kxlb(pin, "list", f"{VIP}:80/tcp", "--json")).stdout)
+    assert [(s["service"], s["backends"], [f["port"] for f in s["frontends"]]) for s in got] == [
+        (f"{VIP}:80/tcp", [f"{lab.backend_ip(0)}:8080"], [80, 30080])]
+    assert [s["service"] for s in json.loads(ok(kxlb(pin, "list", VIP, "--json")).stdout)] == [
+        f"{VIP}:80/tcp", f"{VIP}:81/tcp"]
+    assert [s["service"] for s in json.loads(ok(kxlb(pin, "list", f"{lab.node_client_ip}:30080", "--json")).stdout)] \
+        == [f"{VIP}:80/tcp"]
+    r = kxlb(pin, "list", "10.96.5.77")
+    assert r.returncode == 1 and "no service has a frontend 10.96.5.77" in r.stderr

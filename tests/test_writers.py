@@ -3,7 +3,6 @@ behind, not even when killed with SIGKILL between two of its writes (loader/lock
 loader/journal.py). Real processes, real pinned maps."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from kxlb.loader import datapath
-from kxlb.loader.layout import V4, V6
+from kxlb.loader.layout import V4
 from kxlb.loader.lock import WriterLock
 from kxlb.loader.maps import Maps
 from kxlb.loader.services import ServiceTable
@@ -59,7 +58,6 @@ def test_four_shells_adding_services_at_once_get_one_id_each(pin):
     def shell(n: int) -> list[int]:
         codes = []
         for i in range(25):
-            k = n * 25 + i
             r = kxlb(pin, "service", "add", f"10.97.{n}.{i + 1}:80/tcp", f"10.2.{n}.{i + 1}:8080")
             codes.append(r.returncode)
             assert r.returncode == 0, r.stderr
