@@ -77,7 +77,7 @@ def cmd_service(a) -> None:
     with writing(a.pin_dir, a.wait) as w:
         if w.repaired:
             print(f"kxlb: note: an earlier writer was killed half way; repaired: {w.repaired}", file=sys.stderr)
-        table = ServiceTable(w.maps, journal=w.journal)
+        table = ServiceTable(w.maps, journal=w.journal, keyed=True)  # no scan of every slot of the node
         if a.action == "add":
             spec = _spec_from_args(a, key)
             if key in table.states:

@@ -120,7 +120,7 @@ def _state_of(svc_id: int, entries: list[tuple[ServiceKey, SvcValue]], slots, ch
     ``chunks(gen, set)`` (Maglev chunks present). A set whose table is incomplete reads as
     empty (broken), so a reconcile rewrites it."""
     entries = sorted(entries, key=lambda e: (e[1].kind != Kind.CLUSTER_IP, e[0]))
-    key, v = entries[0]
+    key, v = entries[0]  # _primary
 
     def backends(set_: int, n: int, m: int) -> tuple[Backend, ...]:
         got = slots(v.gen, set_)
@@ -141,6 +141,123 @@ def _state_of(svc_id: int, entries: list[tuple[ServiceKey, SvcValue]], slots, ch
     return ServiceState(key, svc_id, v.gen, spec, (v.table_size, v.local_table_size))
 
 
+_ABSENT = object()
+
+
+class _Lazy(dict):
+    """A dict whose missing keys are looked up (and remembered) on first use."""
+
+    def __init__(self, load):
+        super().__init__()
+        self._load = load
+
+    def __missing__(self, key):
+        value = self._load(key)
+        self[key] = _ABSENT if value is None else value
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __getitem__(self, key):
+        value = super().__getitem__(key)
+        if value is _ABSENT:
+            raise KeyError(key)
+        return value
+
+    def get(self, key, default=None):
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __contains__(self, key) -> bool:
+        return self.get(key) is not None
+
+    def pop(self, key, default=None):
+        value = super().pop(key, default)
+        return default if value is _ABSENT else value
+
+
+class _FrontendIndex:
+    """What one pass over the frontend maps tells, for a writer of a few service ports
+    (the CLI) that must not read every backend slot and Maglev chunk of the node: the
+    service ids in use, each frontend's service, the cluster IPs in use, and how full the
+    maps are; a service port's state is then read with direct lookups of its slots."""
+
+    def __init__(self, table: "ServiceTable"):
+        self.table = table
+        self.ids: set[int] = set()
+        self.usage = {fam: _MapUsage() for fam in FAMILIES}
+        self.chunks = 0
+        self._by_id: dict[int, list[tuple[Family, bytes, bytes]]] = {}
+        self._fronts: dict[bytes, int] = {}       # packed frontend key -> svc_id
+        self._vips: Counter[str] = Counter()      # cluster IP -> service ports on it
+        for fam in FAMILIES:
+            keys, vals, n = fam.map(table.maps, "services").items_raw()
+            ks, vs = fam.svc_key.size, _SVC_VALUE.size
+            seen: dict[int, tuple] = {}
+            for i in range(n):
+                k, v = keys[i * ks:(i + 1) * ks], vals[i * vs:(i + 1) * vs]
+                svc_id, count, local_count, _, kind, _, _, m, lm = _SVC_VALUE.unpack(v)
+                if kind == MARKER:
+                    continue
+                self._fronts[k] = svc_id
+                self._by_id.setdefault(svc_id, []).append((fam, k, v))
+                if kind == Kind.CLUSTER_IP:
+                    self._vips[fam.ntop(k[:fam.addr_len])] += 1
+                seen[svc_id] = (count + local_count, maglev.n_chunks(m) + maglev.n_chunks(lm))
+            self.usage[fam].entries = n
+            self.usage[fam].slots = sum(slots for slots, _ in seen.values())
+            self.usage[fam].ranges = sum(1 for _ in fam.map(table.maps, "src_ranges").keys())
+            self.chunks += sum(chunks for _, chunks in seen.values())
+            self.ids |= set(seen)
+
+    def _entries(self, svc_id: int) -> list[tuple[ServiceKey, SvcValue]]:
+        return [(ServiceKey.from_c(fam.SvcKey.from_buffer_copy(k)), SvcValue.from_buffer_copy(v))
+                for fam, k, v in self._by_id.get(svc_id, ())]
+
+    def owner(self, key: ServiceKey) -> ServiceKey | None:
+        """The primary key of the service port a frontend belongs to."""
+        svc_id = self._fronts.get(_svc_key(key))
+        return None if svc_id is None else _primary(self._entries(svc_id))[0]
+
+    def vip_users(self, vip: str) -> int:
+        return self._vips.get(vip, 0)
+
+    def state(self, key: ServiceKey) -> ServiceState | None:
+        svc_id = self._fronts.get(_svc_key(key))
+        if svc_id is None:
+            return None
+        entries = self._entries(svc_id)
+        if _primary(entries)[0] != key:
+            return None  # a frontend of another service port, not a service port's key
+        return self.table._read_ids(key.family, {svc_id: entries})[0]
+
+
+class _VipUsers(Counter):
+    """Service ports per cluster IP, counted from the frontend maps on first use of a VIP."""
+
+    def __init__(self, count):
+        super().__init__()
+        self._count = count
+
+    def __missing__(self, vip: str) -> int:
+        n = self._count(vip)
+        dict.__setitem__(self, vip, n)
+        return n
+
+    def __delitem__(self, vip: str) -> None:
+        dict.__setitem__(self, vip, 0)  # known to be unused now: never asked again
+
+    def __contains__(self, vip) -> bool:
+        return self[vip] > 0
+
+
+def _primary(entries: list[tuple[ServiceKey, SvcValue]]) -> tuple[ServiceKey, SvcValue]:
+    """A service port's own key among its frontends: its cluster IP's entry."""
+    return min(entries, key=lambda e: (e[1].kind != Kind.CLUSTER_IP, e[0]))
+
+
 class ServiceTable:
     """Reads and writes service ports (LbService) in one pinned datapath.
 
@@ -149,8 +266,11 @@ class ServiceTable:
     drops that record after edits behind its back."""
 
     def __init__(self, maps: Maps, maglev_table_size: int = maglev.DEFAULT_TABLE_SIZE,
-                 journal: Journal | None = None):
+                 journal: Journal | None = None, keyed: bool = False):
         self.maps = maps
+        # keyed: a writer of a few service ports (the CLI) reads only the frontend maps and
+        # the slots of the service ports it touches (_FrontendIndex), not the whole node.
+        self.keyed = keyed
         self.journal = journal or Journal(None)  # the writer's intent record (loader/journal.py)
         self.maglev_max = maglev.check_table_size(maglev_table_size)
         self._chunks_used = 0
@@ -178,10 +298,22 @@ class ServiceTable:
 
     @property
     def states(self) -> dict[ServiceKey, ServiceState]:
+        """The service ports in the maps, by key (keyed: looked up as they are asked for;
+        iterating them is not possible then)."""
         if self._states is None:
-            self.reload()
+            if self.keyed:
+                self._index()
+            else:
+                self.reload()
         assert self._states is not None
         return self._states
+
+    def _index(self) -> None:
+        index = _FrontendIndex(self)
+        self._states = _Lazy(index.state)
+        self._owner = _Lazy(index.owner)
+        self._vip_users = _VipUsers(index.vip_users)
+        self._ids, self._used, self._chunks_used = index.ids, index.usage, index.chunks
 
     @property
     def loaded(self) -> bool:
@@ -293,6 +425,11 @@ class ServiceTable:
         by_id, _ = self._frontends_by_id(fam)
         wanted = {i for i, entries in by_id.items() for k, _ in entries
                   if k.vip == vip and port in (None, k.port) and proto in (None, k.proto)}
+        return sorted(self._read_ids(fam, {i: by_id[i] for i in wanted}), key=lambda st: st.key)
+
+    def _read_ids(self, fam: Family, by_id: dict[int, list[tuple[ServiceKey, SvcValue]]]) -> list[ServiceState]:
+        """Service ports from their frontends' entries, their slots and tables read with
+        direct lookups (no scan of the backend and Maglev maps)."""
         backends = fam.map(self.maps, "backends")
 
         def slots(svc_id: int, g: int, set_: int, n: int) -> dict[int, Backend]:
@@ -304,30 +441,14 @@ class ServiceTable:
             while self.maps.maglev.get(MaglevKey(svc_id=svc_id, chunk=n, gen=g, set=set_)) is not None:
                 n += 1
             return n
-        ranges = self._ranges(fam)
+        ranges = self._ranges(fam) if by_id else {}
         out = []
-        for svc_id in wanted:
-            entries = by_id[svc_id]
-            v = entries[0][1]
+        for svc_id, entries in by_id.items():
+            v = _primary(entries)[1]
             sizes = {SETS[0]: v.count, SETS[1]: v.local_count}
             out.append(_state_of(svc_id, entries, lambda g, set_: slots(svc_id, g, set_, sizes[set_]),
                                  lambda g, set_: chunks(svc_id, g, set_), ranges.get(svc_id, ())))
-        return sorted(out, key=lambda st: st.key)
-
-    def get(self, key: ServiceKey) -> ServiceState | None:
-        """As this table last read or wrote it (see read_backends for a fresh look)."""
-        return self.states.get(key)
-
-    def read_backends(self, key: ServiceKey) -> tuple[Backend, ...] | None:
-        """The cluster-wide set of a service port straight from the maps (for a reader
-        polling another process's writes); None if there is no such service port."""
-        fam = key.family
-        v = fam.map(self.maps, "services").get(key.to_c())
-        if v is None or v.kind != Kind.CLUSTER_IP:
-            return None
-        backends = fam.map(self.maps, "backends")
-        bs = (backends.get(BackendKey(svc_id=v.svc_id, slot=i, gen=v.gen, set=SETS[0])) for i in range(v.count))
-        return tuple(Backend.from_c(b) for b in bs if b is not None)
+        return out
 
     # --- writing ------------------------------------------------------------------------
     def _check_capacity(self, fam: Family, services: int, slots: int, entries: int = 0, ranges: int = 0,
