@@ -16,6 +16,7 @@ APT_PKGS=(bpfcc-tools python3-bpfcc libbpfcc bpftool clang llvm linux-headers-am
           ruby   # ruby: syntax check of vagrant/Vagrantfile (Vagrant itself cannot run here)
           libbpf1  # libbpf.so.1: loader/bpfsys.py and the Katran anchor of `make bench` (with bpftool)
           libc6-dev umoci runc  # the lab's images (lab/images.py): static pause; umoci and runc check them
+          buildah mmdebstrap  # kxlb's image (lab/imagebuild.py): deploy/Dockerfile on Debian bases made here
           busybox-static curl wget netcat-openbsd socat dnsutils)  # the e2e images' userland (lab/images.py)
 missing=()
 for p in "${APT_PKGS[@]}"; do
@@ -60,7 +61,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   ln -sfn /usr/lib/python3/dist-packages/bcc "$site/bcc"
   "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
-  "$VENV/bin/python" -m pip install -q -e ".[test,bench]"
+  "$VENV/bin/python" -m pip install -q -e ".[lab,test,bench]"   # lab: the development lab's dependencies (pyproject.toml)
   echo "$want" > "$stamp"
   log "venv ready: $VENV"
 fi
