@@ -12,7 +12,6 @@ maps (as a 70k-Service cluster leaves them), then `kxlb service add`, `list VIP.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys

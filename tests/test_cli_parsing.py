@@ -47,7 +47,7 @@ def refused(capsys, argv, line: str) -> None:
     (["bogus"], "argument COMMAND: invalid choice: 'bogus' (choose from 'load', 'unload', 'service', 'cleanup', 'status', 'gc', 'list', "
                 "'conntrack', 'stats', 'version', 'controller', 'demo', 'lab')"),
     (["--bogus", "list"], "unrecognized arguments: --bogus"),
-    (["list", "a\nb"], "unrecognized arguments: a\\nb"),            # still one line
+    (["stats", "a\nb"], "unrecognized arguments: a\\nb"),            # still one line
     (["load"], "load: the following arguments are required: --iface"),
     (["load", "--iface"], "load: argument --iface: expected one argument"),
     (["load", "--iface", "lo", "--xdp-mode", "x"],
