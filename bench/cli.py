@@ -54,18 +54,20 @@ def wall(argv: list[str], runs: int) -> list[float]:
 
 def in_process(pin: str, runs: int) -> dict[str, list[float]]:
     from kxlb.loader.layout import Backend, ServiceKey
-    from kxlb.loader.maps import Maps
     from kxlb.loader.services import ServiceTable
+    from kxlb.loader.writer import writing
 
     out: dict[str, list[float]] = {"add (keyed)": [], "del (keyed)": [], "list VIP:PORT/PROTO": [],
                                    "full read (before)": []}
     key = ServiceKey("10.200.0.1", 80, 6)
-    with Maps.open(pin) as maps:
-        for _ in range(runs):
+    with writing(pin) as w:
+        maps = w.maps
+        for _ in range(runs):  # as `kxlb service add/del` do them: the journal and the id bitmap included
             t0 = time.perf_counter()
-            ServiceTable(maps, keyed=True).add(key, [Backend("10.250.0.1", 80), Backend("10.250.0.2", 80)])
+            ServiceTable(maps, journal=w.journal, keyed=True, ids=w.ids).add(
+                key, [Backend("10.250.0.1", 80), Backend("10.250.0.2", 80)])
             t1 = time.perf_counter()
-            ServiceTable(maps, keyed=True).delete(key)
+            ServiceTable(maps, journal=w.journal, keyed=True, ids=w.ids).delete(key)
             t2 = time.perf_counter()
             ServiceTable(maps).read_matching("10.96.0.7", 80, 6)
             t3 = time.perf_counter()
@@ -85,11 +87,11 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
     from kxlb.lab.netlab import unique_tag
-    from kxlb.loader.compile import compile_datapath
+    from kxlb.loader import datapath
 
     pin = f"/sys/fs/bpf/{unique_tag()}"
     try:
-        compile_datapath(pin)
+        datapath.load([], pin_dir=pin)  # as on a node: the registry, the id bitmap
         t0 = time.perf_counter()
         populate(pin, args.services)
         print(f"{args.services} service ports written in {time.perf_counter() - t0:.1f} s")

@@ -69,12 +69,13 @@ class Controller:
     caller, as the benchmark does)."""
 
     def __init__(self, api_client, maps: Maps, config: ControllerConfig, metrics: Metrics | None = None,
-                 events=None, journal=None):
+                 events=None, journal=None, ids=None):
         tune_gc()
         self.maps, self.config = maps, config
         self.metrics = metrics or Metrics()
         self.events = events  # EventRecorder or None
-        self.programmer = Programmer(maps, config.maglev_table_size, journal)  # journal: loader/journal.py
+        # journal (loader/journal.py) and ids (loader/svcids.py): a writer's records in the pin dir
+        self.programmer = Programmer(maps, config.maglev_table_size, journal, ids)
         self._lock = threading.Lock()
         self.services: dict[str, Service] = {}
         self.slices_by_service: dict[str, dict[str, EndpointSlice]] = {}

@@ -19,9 +19,8 @@ from kxlb.loader.maps import Maps
 from kxlb.loader.netns import netns, netns_path
 from kxlb.loader.registry import Registry
 
-from .health import ProxyHealth, serve_health
-from .metrics import Metrics, serve
-from .node import one_cidr_per_family, parse_nodeport_cidrs
+# The servers, metrics and the model are imported by run(): registering the sub-command
+# (every `kxlb` invocation does) must not cost their imports (prometheus_client, ...).
 
 log = logging.getLogger("kxlb.controller")
 
@@ -107,6 +106,9 @@ def resolve(a) -> None:
 def run(a) -> None:
     from .attacher import InterfaceAttacher
     from .controller import Controller, ControllerConfig
+    from .health import ProxyHealth, serve_health
+    from .metrics import Metrics, serve
+    from .node import one_cidr_per_family, parse_nodeport_cidrs
 
     setup_logging(a.log_level, a.log_format)
     if a.cleanup:
@@ -140,6 +142,8 @@ def run(a) -> None:
             attacher = InterfaceAttacher(dp, a.netns, a.iface, a.xdp_mode if a.xdp else None, a.pin_dir,
                                          xdp_trust_checksums=a.xdp_trust_checksums, registry=reg).start()
     maps = Maps.open(a.pin_dir)
+    from kxlb.loader.svcids import SvcIds
+    ids = SvcIds(a.pin_dir, reg, maps.svc_stats.max_entries)  # kept up to date for the CLI after us
     journal = Journal(reg)
     repaired = journal.repair(maps)  # what a writer killed half way left (loader/journal.py)
     if repaired is not None:
@@ -157,7 +161,7 @@ def run(a) -> None:
                                                     masquerade_all=a.masquerade_all,
                                                     nodeport_addresses=parse_nodeport_cidrs(a.nodeport_addresses),
                                                     netns=a.netns, maglev_table_size=a.maglev_table_size),
-                     metrics, EventRecorder(client, a.node_name), journal=journal)
+                     metrics, EventRecorder(client, a.node_name), journal=journal, ids=ids)
     ctl.health = health  # the one the listeners answer from (nothing has read the controller's own yet)
     ctl.start()
     log.info("controller for node %s started; maps in %s; metrics on %s", a.node_name, a.pin_dir,

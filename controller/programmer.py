@@ -35,8 +35,8 @@ class ApplyResult:
 
 
 class Programmer:
-    def __init__(self, maps: Maps, maglev_table_size: int = maglev.DEFAULT_TABLE_SIZE, journal=None):
-        self.table = ServiceTable(maps, maglev_table_size, journal)
+    def __init__(self, maps: Maps, maglev_table_size: int = maglev.DEFAULT_TABLE_SIZE, journal=None, ids=None):
+        self.table = ServiceTable(maps, maglev_table_size, journal, ids=ids)
         # Service ports programmed without some frontends another service port holds:
         # tried whole again on every sync, so they get them once the holder lets go.
         self.trimmed: dict[ServiceKey, LbService] = {}

@@ -77,7 +77,7 @@ def cmd_service(a) -> None:
     with writing(a.pin_dir, a.wait) as w:
         if w.repaired:
             print(f"kxlb: note: an earlier writer was killed half way; repaired: {w.repaired}", file=sys.stderr)
-        table = ServiceTable(w.maps, journal=w.journal, keyed=True)  # no scan of every slot of the node
+        table = ServiceTable(w.maps, journal=w.journal, keyed=True, ids=w.ids)  # no scan of every slot
         if a.action == "add":
             spec = _spec_from_args(a, key)
             if key in table.states:
@@ -139,6 +139,8 @@ def cmd_gc(a) -> None:
 
     with writing(a.pin_dir, a.wait) as w:
         done = sweep(w.maps)
+        if w.ids is not None:
+            w.ids.distrust()  # rebuilt from the frontend maps by the next writer
     print(f"kxlb: gc: {done}" + (f" (and an interrupted write repaired: {w.repaired})" if w.repaired else ""))
 
 

@@ -79,6 +79,9 @@ def accept_local(ns: str | None, iface: str) -> None:
                 f.write("1")
         except FileNotFoundError:
             raise KxlbError(f"interface {iface!r} not found") from None
+        except OSError as exc:  # a container whose /proc/sys is read-only
+            raise KxlbError(f"cannot set net.ipv4.conf.{iface}.accept_local=1: {exc.strerror} (kxlb needs "
+                            f"/proc/sys/net writable: CAP_NET_ADMIN in the node's network namespace)") from None
 
 
 def list_links(ns: str | None) -> list[str]:

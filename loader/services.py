@@ -6,7 +6,9 @@ back, so a failed command leaves the maps as they were.
 """
 from __future__ import annotations
 
+import array
 import ctypes
+import errno
 import logging
 import struct
 from collections import Counter
@@ -19,6 +21,7 @@ from .journal import Journal, range_key
 from .layout import (C, DP_COUNTERS, FAMILIES, V4, Backend, BackendKey, Family, MaglevKey, ServiceKey,
                      SvcCounters, SvcValue, family_of, parse_net, raw_to_port)
 from .maps import Maps
+from .svcids import SvcIds
 from .svcspec import Frontend, Kind, LbService
 
 log = logging.getLogger("kxlb.loader")
@@ -114,6 +117,15 @@ class _MapUsage:
     ranges: int = 0   # loadBalancerSourceRanges
 
 
+def _write_error(exc: OSError, what: str, map_name: str) -> KxlbError:
+    """A refused write, as the one line the user gets: a full map (E2BIG: the kernel
+    counted the entries; a keyed writer counts nothing before, loader/services.py
+    _check_capacity) is no reason to retry, anything else may be."""
+    if exc.errno in (errno.E2BIG, errno.ENOSPC):  # hash maps say E2BIG, LPM tries ENOSPC
+        return KxlbError(f"{what}: {map_name} map full (the kernel refused the write; nothing was kept)")
+    return MapWriteError(f"{what}: {exc}")
+
+
 def _state_of(svc_id: int, entries: list[tuple[ServiceKey, SvcValue]], slots, chunks,
               ranges: Iterable[str]) -> ServiceState:
     """A service port from its frontends' entries, ``slots(gen, set)`` (slot -> backend) and
@@ -178,79 +190,91 @@ class _Lazy(dict):
         return default if value is _ABSENT else value
 
 
-class _FrontendIndex:
-    """What one pass over the frontend maps tells, for a writer of a few service ports
-    (the CLI) that must not read every backend slot and Maglev chunk of the node: the
-    service ids in use, each frontend's service, the cluster IPs in use, and how full the
-    maps are; a service port's state is then read with direct lookups of its slots."""
+class _Frontends:
+    """One family's frontend map read raw, once: the frontends of a service id and the
+    service ports on a cluster IP without a ctypes object or a decoded key per entry
+    (140,000 entries at 70k Services)."""
 
-    def __init__(self, table: "ServiceTable"):
-        self.table = table
-        self.ids: set[int] = set()
-        self.usage = {fam: _MapUsage() for fam in FAMILIES}
-        self.chunks = 0
-        self._by_id: dict[int, list[tuple[Family, bytes, bytes]]] = {}
-        self._fronts: dict[bytes, int] = {}       # packed frontend key -> svc_id
-        self._vips: Counter[str] = Counter()      # cluster IP -> service ports on it
-        for fam in FAMILIES:
-            keys, vals, n = fam.map(table.maps, "services").items_raw()
-            ks, vs = fam.svc_key.size, _SVC_VALUE.size
-            seen: dict[int, tuple] = {}
-            for i in range(n):
-                k, v = keys[i * ks:(i + 1) * ks], vals[i * vs:(i + 1) * vs]
-                svc_id, count, local_count, _, kind, _, _, m, lm = _SVC_VALUE.unpack(v)
-                if kind == MARKER:
-                    continue
-                self._fronts[k] = svc_id
-                self._by_id.setdefault(svc_id, []).append((fam, k, v))
-                if kind == Kind.CLUSTER_IP:
-                    self._vips[fam.ntop(k[:fam.addr_len])] += 1
-                seen[svc_id] = (count + local_count, maglev.n_chunks(m) + maglev.n_chunks(lm))
-            self.usage[fam].entries = n
-            self.usage[fam].slots = sum(slots for slots, _ in seen.values())
-            self.usage[fam].ranges = sum(1 for _ in fam.map(table.maps, "src_ranges").keys())
-            self.chunks += sum(chunks for _, chunks in seen.values())
-            self.ids |= set(seen)
+    def __init__(self, maps: Maps, fam: Family):
+        self.fam = fam
+        keys, vals, self.n = fam.map(maps, "services").items_raw()
+        self._keys, self._vals = keys, vals
+        words = array.array("I", vals)           # struct svc_value is five 32-bit words
+        self._ids = words[0::5]
+        self._kinds = [(w >> 8) & 0xff for w in words[2::5]]
 
-    def _entries(self, svc_id: int) -> list[tuple[ServiceKey, SvcValue]]:
-        return [(ServiceKey.from_c(fam.SvcKey.from_buffer_copy(k)), SvcValue.from_buffer_copy(v))
-                for fam, k, v in self._by_id.get(svc_id, ())]
+    def ids(self) -> set[int]:
+        return {i for i, k in zip(self._ids, self._kinds) if k != MARKER}
+
+    def entries(self, svc_id: int) -> list[tuple[ServiceKey, SvcValue]]:
+        ks, vs = self.fam.svc_key.size, _SVC_VALUE.size
+        return [(ServiceKey.from_c(self.fam.SvcKey.from_buffer_copy(self._keys, i * ks)),
+                 SvcValue.from_buffer_copy(self._vals, i * vs))
+                for i, (sid, kind) in enumerate(zip(self._ids, self._kinds)) if sid == svc_id and kind != MARKER]
+
+    def ids_at(self, vip: str, port: int | None = None, proto: int | None = None) -> set[int]:
+        """Service ids with a frontend at ``vip`` (and ``port``, ``proto``)."""
+        raw, ks, al = self.fam.pton(vip), self.fam.svc_key.size, self.fam.addr_len
+        tail = (port.to_bytes(2, "big") if port is not None else None, proto)
+        out = set()
+        for i, (sid, kind) in enumerate(zip(self._ids, self._kinds)):
+            k = self._keys[i * ks:(i + 1) * ks]
+            if kind == MARKER or k[:al] != raw:
+                continue
+            if (tail[0] is None or k[al:al + 2] == tail[0]) and (proto is None or k[al + 2] == proto):
+                out.add(sid)
+        return out
+
+    def cluster_ip_users(self, vip: str) -> int:
+        raw, ks, al = self.fam.pton(vip), self.fam.svc_key.size, self.fam.addr_len
+        return sum(1 for i, kind in enumerate(self._kinds)
+                   if kind == Kind.CLUSTER_IP and self._keys[i * ks:i * ks + al] == raw)
+
+
+class _KeyedIndex:
+    """For a writer of a few service ports (the CLI): what it needs to know, read as it
+    needs it. Direct lookups answer whether a key or frontend is taken; a free id comes
+    from the service id bitmap (loader/svcids.py); only a change to an existing service
+    port reads its family's frontend map (to find all its frontends), never the backend
+    or Maglev maps of the node."""
+
+    def __init__(self, table: "ServiceTable", ids: SvcIds | None):
+        self.table, self.bitmap = table, ids
+        self._frontends: dict[Family, _Frontends] = {}
+
+    def frontends(self, fam: Family) -> _Frontends:
+        if fam not in self._frontends:
+            self._frontends[fam] = _Frontends(self.table.maps, fam)
+        return self._frontends[fam]
+
+    def forget(self) -> None:
+        self._frontends.clear()
+
+    def _entry(self, key: ServiceKey) -> SvcValue | None:
+        v = key.family.map(self.table.maps, "services").get(key.to_c())
+        return None if v is None or v.kind == MARKER else v
 
     def owner(self, key: ServiceKey) -> ServiceKey | None:
-        """The primary key of the service port a frontend belongs to."""
-        svc_id = self._fronts.get(_svc_key(key))
-        return None if svc_id is None else _primary(self._entries(svc_id))[0]
-
-    def vip_users(self, vip: str) -> int:
-        return self._vips.get(vip, 0)
+        v = self._entry(key)
+        return None if v is None else _primary(self.frontends(key.family).entries(v.svc_id))[0]
 
     def state(self, key: ServiceKey) -> ServiceState | None:
-        svc_id = self._fronts.get(_svc_key(key))
-        if svc_id is None:
+        v = self._entry(key)
+        if v is None:
             return None
-        entries = self._entries(svc_id)
+        entries = self.frontends(key.family).entries(v.svc_id)
         if _primary(entries)[0] != key:
             return None  # a frontend of another service port, not a service port's key
-        return self.table._read_ids(key.family, {svc_id: entries})[0]
+        return self.table._read_ids(key.family, {v.svc_id: entries})[0]
 
-
-class _VipUsers(Counter):
-    """Service ports per cluster IP, counted from the frontend maps on first use of a VIP."""
-
-    def __init__(self, count):
-        super().__init__()
-        self._count = count
-
-    def __missing__(self, vip: str) -> int:
-        n = self._count(vip)
-        dict.__setitem__(self, vip, n)
-        return n
-
-    def __delitem__(self, vip: str) -> None:
-        dict.__setitem__(self, vip, 0)  # known to be unused now: never asked again
-
-    def __contains__(self, vip) -> bool:
-        return self[vip] > 0
+    def free_ids(self, n: int) -> list[int]:
+        if self.bitmap is not None and self.bitmap.trusted():
+            return self.bitmap.free(n)
+        used = set().union(*(self.frontends(fam).ids() for fam in FAMILIES))
+        if self.bitmap is not None:
+            self.bitmap.rebuild(used)
+        capacity = self.table.maps.svc_stats.max_entries
+        return [i for i in range(1, capacity) if i not in used][:n]
 
 
 def _primary(entries: list[tuple[ServiceKey, SvcValue]]) -> tuple[ServiceKey, SvcValue]:
@@ -266,11 +290,13 @@ class ServiceTable:
     drops that record after edits behind its back."""
 
     def __init__(self, maps: Maps, maglev_table_size: int = maglev.DEFAULT_TABLE_SIZE,
-                 journal: Journal | None = None, keyed: bool = False):
+                 journal: Journal | None = None, keyed: bool = False, ids: SvcIds | None = None):
         self.maps = maps
         # keyed: a writer of a few service ports (the CLI) reads only the frontend maps and
         # the slots of the service ports it touches (_FrontendIndex), not the whole node.
         self.keyed = keyed
+        self.bitmap = ids  # the service id bitmap (loader/svcids.py): kept up to date when given
+        self._keyed: _KeyedIndex | None = None
         self.journal = journal or Journal(None)  # the writer's intent record (loader/journal.py)
         self.maglev_max = maglev.check_table_size(maglev_table_size)
         self._chunks_used = 0
@@ -309,11 +335,10 @@ class ServiceTable:
         return self._states
 
     def _index(self) -> None:
-        index = _FrontendIndex(self)
-        self._states = _Lazy(index.state)
-        self._owner = _Lazy(index.owner)
-        self._vip_users = _VipUsers(index.vip_users)
-        self._ids, self._used, self._chunks_used = index.ids, index.usage, index.chunks
+        self._keyed = _KeyedIndex(self, self.bitmap)
+        self._states = _Lazy(self._keyed.state)
+        self._owner = _Lazy(self._keyed.owner)
+        self._vip_users = Counter()
 
     @property
     def loaded(self) -> bool:
@@ -324,6 +349,8 @@ class ServiceTable:
         """Read the maps and take what they hold as the record; returns what was read."""
         actual, usage, chunks = self._scan()
         self._adopt(actual, usage, chunks)
+        if self.bitmap is not None:
+            self.bitmap.rebuild(self._ids)  # the ids just read are the truth
         return actual
 
     def _adopt(self, actual: dict[ServiceKey, ServiceState], usage: dict[Family, _MapUsage], chunks: int) -> None:
@@ -419,13 +446,13 @@ class ServiceTable:
 
     def read_matching(self, vip: str, port: int | None = None, proto: int | None = None) -> list[ServiceState]:
         """The service ports with a frontend at ``vip`` (and ``port``/``proto``), read from
-        the maps with one pass over the frontends and direct lookups of their slots: no
-        scan of the backend and Maglev maps (`kxlb list VIP` on a node with 70k services)."""
+        the maps with one raw pass over the frontend map and direct lookups of their
+        slots: no scan of the backend and Maglev maps (`kxlb list VIP` on a node with 70k
+        services)."""
         fam = family_of(vip)
-        by_id, _ = self._frontends_by_id(fam)
-        wanted = {i for i, entries in by_id.items() for k, _ in entries
-                  if k.vip == vip and port in (None, k.port) and proto in (None, k.proto)}
-        return sorted(self._read_ids(fam, {i: by_id[i] for i in wanted}), key=lambda st: st.key)
+        fronts = _Frontends(self.maps, fam)
+        wanted = fronts.ids_at(vip, port, proto)
+        return sorted(self._read_ids(fam, {i: fronts.entries(i) for i in wanted}), key=lambda st: st.key)
 
     def _read_ids(self, fam: Family, by_id: dict[int, list[tuple[ServiceKey, SvcValue]]]) -> list[ServiceState]:
         """Service ports from their frontends' entries, their slots and tables read with
@@ -453,24 +480,55 @@ class ServiceTable:
     # --- writing ------------------------------------------------------------------------
     def _check_capacity(self, fam: Family, services: int, slots: int, entries: int = 0, ranges: int = 0,
                         chunks: int = 0) -> None:
+        if self.keyed:
+            # The big maps are not counted (that is a scan): the kernel refuses a write to a
+            # full one (_write_error). Source ranges are few: counted.
+            if ranges > 0:
+                self._used[fam].ranges = sum(1 for _ in fam.map(self.maps, "src_ranges").keys())
+                self._check_ranges(fam, ranges)
+            return
         capacity = self.maps.svc_stats.max_entries
         if len(self._ids) + services > capacity - 1:  # svc_id 0 is never used
             raise KxlbError(f"service map full: {len(self._ids)} of {capacity - 1} service ports used, "
                             f"{services} more needed")
         used, v6 = self._used[fam], fam.suffix
-        backends, src_ranges, svcs = (fam.map(self.maps, n) for n in ("backends", "src_ranges", "services"))
+        backends, svcs = fam.map(self.maps, "backends"), fam.map(self.maps, "services")
         if used.slots + slots > backends.max_entries:
             raise KxlbError(f"backend{v6} map full: {used.slots} of {backends.max_entries} slots "
                             f"used, {slots} more needed")
         if self._chunks_used + chunks > self.maps.maglev.max_entries:
             raise KxlbError(f"Maglev table map full: {self._chunks_used} of {self.maps.maglev.max_entries} chunks "
                             f"used, {chunks} more needed (a smaller --maglev-table-size needs fewer)")
-        if ranges > 0 and used.ranges + ranges > src_ranges.max_entries:
-            raise KxlbError(f"source range{v6} map full: {used.ranges} of {src_ranges.max_entries} "
-                            f"loadBalancerSourceRanges used, {ranges} more needed")
+        if ranges > 0:
+            self._check_ranges(fam, ranges)
         if used.entries + entries > svcs.max_entries:
             raise KxlbError(f"frontend{v6} map full: {used.entries} of {svcs.max_entries} entries "
                             f"used, {entries} more needed")
+
+    def _free_ids(self, n: int) -> list[int]:
+        """``n`` service ids no service port uses (lowest first)."""
+        capacity = self.maps.svc_stats.max_entries
+        if self._keyed is not None:
+            free = self._keyed.free_ids(n)
+        else:
+            free = [i for i in range(1, capacity) if i not in self._ids][:n]
+        if len(free) < n:
+            raise KxlbError(f"service map full: {n} more service ports do not fit the {capacity - 1} ids")
+        return free
+
+    def _use_id(self, svc_id: int, used: bool) -> None:
+        if used:
+            self._ids.add(svc_id)
+        else:
+            self._ids.discard(svc_id)
+        if self.bitmap is not None:
+            self.bitmap.mark(svc_id, used)
+
+    def _check_ranges(self, fam: Family, ranges: int) -> None:
+        used, src_ranges = self._used[fam], fam.map(self.maps, "src_ranges")
+        if used.ranges + ranges > src_ranges.max_entries:
+            raise KxlbError(f"source range{fam.suffix} map full: {used.ranges} of {src_ranges.max_entries} "
+                            f"loadBalancerSourceRanges used, {ranges} more needed")
 
     def _check_frontends(self, spec: LbService) -> None:
         taken = [(fe, self._owner[fe.key]) for fe in spec.all_frontends
@@ -495,12 +553,13 @@ class ServiceTable:
         keys, vals, tkeys, tvals, nt = _pack_slots(svc_id, gen, spec, tables)
         n = len(spec.cluster) + len(spec.local)
         fam = spec.key.family
-        try:
-            fam.map(self.maps, "backends").put_many_raw(keys, vals, n)
-            self.maps.maglev.put_many_raw(tkeys, tvals, nt)
-        except OSError as exc:
-            self._delete_slots(spec, svc_id, gen, tables, written=False)
-            raise MapWriteError(f"service {spec.label}: writing backends failed: {exc}") from None
+        for name, m, k, v, count in (("backend", fam.map(self.maps, "backends"), keys, vals, n),
+                                     ("Maglev table", self.maps.maglev, tkeys, tvals, nt)):
+            try:
+                m.put_many_raw(k, v, count)
+            except OSError as exc:
+                self._delete_slots(spec, svc_id, gen, tables, written=False)
+                raise _write_error(exc, f"service {spec.label}: writing backends failed", name) from None
         self._used[fam].slots += n
         self._chunks_used += nt
 
@@ -536,12 +595,16 @@ class ServiceTable:
         for c in cidrs:
             self._used[fam].ranges -= ranges.delete(range_key(fam, svc_id, c))
 
-    def _sync_marker(self, vip: str) -> None:
-        """A marker entry exists for a cluster IP exactly while some service port uses it."""
+    def _sync_marker(self, vip: str, in_use: bool | None = None) -> None:
+        """A marker entry exists for a cluster IP exactly while some service port uses it
+        (``in_use``: known by the caller)."""
         self.states  # load the record
         fam = family_of(vip)
         services, used = fam.map(self.maps, "services"), self._used[fam]
-        if vip in self._vip_users:
+        if in_use is None and self._keyed is not None:
+            self._keyed.forget()  # counted after this writer's own writes
+            in_use = self._keyed.frontends(fam).cluster_ip_users(vip) > 0
+        if in_use if in_use is not None else vip in self._vip_users:
             if services.get(_marker_key(vip)) is None:
                 used.entries += 1
             services.put(_marker_key(vip), SvcValue(kind=MARKER))
@@ -597,7 +660,7 @@ class ServiceTable:
             self._delete_ranges(fam, svc_id, new_ranges)
             if sets_changed:
                 self._delete_slots(spec, svc_id, gen, tables)
-            raise MapWriteError(f"service {spec.label}: writing source ranges failed: {exc}") from None
+            raise _write_error(exc, f"service {spec.label}: writing source ranges failed", "source range") from None
         gone = {fe.key for fe in old.frontends} - {fe.key for fe in spec.frontends}
         for k in gone:                                         # 2a. frontends that went
             fam.map(self.maps, "services").delete(k.to_c())
@@ -612,7 +675,8 @@ class ServiceTable:
                 self._delete_slots(spec, svc_id, gen, tables)
             self._forget_state(cur)
             self._states = None                                # unknown now: re-read next time
-            raise MapWriteError(f"service {spec.label}: switching to the new frontends/backends failed: {exc}") from None
+            raise _write_error(exc, f"service {spec.label}: switching to the new frontends/backends failed",
+                               "frontend") from None
         self._used[fam].entries += added_entries
         if sets_changed:
             self._delete_slots(old, svc_id, cur.gen, cur.tables)  # 3. the old generation goes
@@ -629,8 +693,7 @@ class ServiceTable:
         fam = spec.key.family
         self._check_capacity(fam, 1, len(spec.cluster) + len(spec.local), len(spec.all_frontends) + 1,
                              len(spec.source_ranges), sum(map(maglev.n_chunks, tables)))
-        capacity = self.maps.svc_stats.max_entries
-        svc_id = next(i for i in range(1, capacity) if i not in self._ids)
+        svc_id = self._free_ids(1)[0]
         with self.journal.intent("add", [svc_id], [spec.key.vip]):
             return self._add_as(spec, svc_id, tables)
 
@@ -647,12 +710,12 @@ class ServiceTable:
                 fam.map(self.maps, "services").delete(fe.key.to_c())
             self._delete_slots(spec, svc_id, 0, tables)
             self._delete_ranges(fam, svc_id, spec.source_ranges)
-            raise MapWriteError(f"service {spec.label}: writing the service entries failed: {exc}") from None
+            raise _write_error(exc, f"service {spec.label}: writing the service entries failed", "frontend") from None
         st = ServiceState(spec.key, svc_id, 0, spec, tables)
-        self._ids.add(svc_id)
+        self._use_id(svc_id, True)
         self._used[fam].entries += len(spec.all_frontends)
         self._remember(st)
-        self._sync_marker(spec.key.vip)
+        self._sync_marker(spec.key.vip, in_use=True)
         return st
 
     def add(self, key: ServiceKey, backends: Iterable[Backend]) -> ServiceState:
@@ -695,8 +758,7 @@ class ServiceTable:
     def _add_batch(self, fam: Family, checked: list[LbService], tables: list[tuple[int, int]]) -> list[ServiceState]:
         """add_many's writes for the (checked) service ports of one family."""
         services = fam.map(self.maps, "services")
-        capacity = self.maps.svc_stats.max_entries
-        free = (i for i in range(1, capacity) if i not in self._ids)
+        free = iter(self._free_ids(len(checked)))
         states = [ServiceState(s.key, next(free), 0, s, t) for s, t in zip(checked, tables)]
         # Packed with struct, not one ctypes object per entry: a full sync writes ~100k.
         svc_keys, svc_vals = [], []
@@ -740,7 +802,7 @@ class ServiceTable:
         used.entries += len(svc_keys)
         new_vips = {st.key.vip for st in states} - set(self._vip_users)
         for st in states:
-            self._ids.add(st.svc_id)
+            self._use_id(st.svc_id, True)
             self._remember(st)
         # Markers of cluster IPs that had none, in one batch (a full sync adds thousands).
         marker = bytes(SvcValue(kind=MARKER))
@@ -768,7 +830,7 @@ class ServiceTable:
         for fe in cur.spec.all_frontends:
             self._used[fam].entries -= fam.map(self.maps, "services").delete(fe.key.to_c())
         self._forget_state(cur)
-        self._ids.discard(cur.svc_id)
+        self._use_id(cur.svc_id, False)
         self.maps.svc_stats.delete(ctypes.c_uint32(cur.svc_id))  # its memory (maps.h svc_stats)
         self._sync_marker(key.vip)
         self._delete_slots(cur.spec, cur.svc_id, cur.gen, cur.tables)

@@ -12,6 +12,7 @@ from .journal import Journal, Swept
 from .lock import WriterLock
 from .maps import Maps
 from .registry import Registry
+from .svcids import SvcIds
 
 log = logging.getLogger("kxlb.loader")
 
@@ -22,6 +23,7 @@ class Writer:
     journal: Journal
     lock: WriterLock
     repaired: Swept | None   # what the previous writer left and this one repaired
+    ids: SvcIds | None       # the service id bitmap (None: a directory without kxlb's registry)
 
 
 @contextmanager
@@ -36,9 +38,16 @@ def writing(pin_dir: str, wait: float = 0.0, what: str = "") -> Iterator[Writer]
     try:
         with Registry(pin_dir) as reg, Maps.open(pin_dir) as maps:
             journal = Journal(reg)
+            ids = SvcIds(pin_dir, reg, maps.svc_stats.max_entries) if reg.fd >= 0 else None
             repaired = journal.repair(maps)
             if repaired is not None:
                 log.warning("%s: a writer was killed in the middle of a change; repaired: %s", pin_dir, repaired)
-            yield Writer(maps, journal, lock, repaired)
+                if ids is not None:
+                    ids.distrust()  # rebuilt from the frontend maps by the next add
+            try:
+                yield Writer(maps, journal, lock, repaired, ids)
+            finally:
+                if ids is not None:
+                    ids.close()
     finally:
         lock.release()
