@@ -177,9 +177,11 @@ def build_pins(cflags: list[str] | None = None) -> set[str]:
 
 def known_pins() -> set[str]:
     """Every pin name any release of kxlb made in a pin directory: this build's maps,
-    the older layouts' names, the programs and the registry. Nothing else in a pin
-    directory is ever removed by kxlb."""
-    return build_pins() | {pin_name(base, v) for base, v in released_layouts()}
+    the older layouts' names, the programs, the registry and the writers' service id
+    bitmap. Nothing else in a pin directory is ever removed by kxlb."""
+    from .svcids import PIN as SVC_IDS_PIN
+
+    return build_pins() | {SVC_IDS_PIN} | {pin_name(base, v) for base, v in released_layouts()}
 
 
 LAYOUT_VERSION = 1 + sum(split_pin(p)[1] - 1 for p in datapath_specs())
