@@ -162,10 +162,11 @@ def clear_bpf(n: NodeSpec) -> None:
 
 
 # ---- as DaemonSets (real-kubelet labs) -----------------------------------------------------------
-# On real-kubelet nodes the proxies run the way clusters run them: kxlb from deploy/kxlb.yaml,
-# kube-proxy from kubeadm's manifest (lab/addons/kube-proxy.yaml), each with an image the lab
-# builds (lab/proxyimages.py). What the lab changes in them is what differs on its nodes.
-DEPLOY_KXLB = Path(__file__).resolve().parent.parent / "deploy" / "kxlb.yaml"
+# On real-kubelet nodes the proxies run the way clusters run them: kxlb from its kustomize base
+# (deploy/base), kube-proxy from kubeadm's manifest (lab/addons/kube-proxy.yaml), each with an
+# image the lab builds (lab/proxyimages.py). What the lab changes in them is what differs on its
+# nodes.
+DEPLOY_BASE = Path(__file__).resolve().parent.parent / "deploy" / "base"
 KUBE_PROXY_ADDON = Path(__file__).resolve().parent / "addons" / "kube-proxy.yaml"
 DS_METRICS_PORT = 10249   # both proxies, on every address of the node
 DS_HEALTHZ_PORT = 10256
@@ -176,31 +177,57 @@ def daemonset_name(mode: str) -> str:
     return "kxlb" if PROXY_MODES[mode].kind == "kxlb" else "kube-proxy"
 
 
-def _flag(args: list[str], name: str, value: str) -> list[str]:
-    """*args* with ``--name=...`` set to *value* (replaced where it is, else appended)."""
-    out = [a for a in args if not a.startswith(f"{name}=")]
-    return out + [f"{name}={value}"]
-
-
-def kxlb_daemonset(mode: str, *, api_host: str, api_port: int, cgroup_dir: str, bpffs: str) -> list[dict]:
-    """deploy/kxlb.yaml's objects for a lab, as dicts. The lab's changes: the API server's
-    address; the pod interfaces are the lab CNI's ``kxp*``; each node has its own cgroup
-    and pin directory under the host's (``$(NODE_NAME)``, expanded by the kubelet); both
-    families' cluster CIDRs; *mode*'s flags (XDP)."""
+def kustomize(path: Path, kubectl: Optional[Path] = None) -> list[dict]:
+    """``kubectl kustomize PATH``'s objects, as dicts: the manifests as a cluster's users
+    render them (generated names and all), not a reading of our own."""
+    import subprocess
     import yaml
-    docs = [d for d in yaml.safe_load_all(DEPLOY_KXLB.read_text()) if d]
+    from .controlplane import default_bin_dir
+    kubectl = kubectl or default_bin_dir() / "kubectl"
+    r = subprocess.run([str(kubectl), "kustomize", str(path)], capture_output=True, text=True, timeout=60)
+    if r.returncode:
+        raise LabError(f"kubectl kustomize {path}: {r.stderr.strip()}")
+    return [d for d in yaml.safe_load_all(r.stdout) if d]
+
+
+def kubeconfig_for_pods(server: str) -> dict:
+    """A kubeconfig with the pod's ServiceAccount credentials for *server*, kubeadm's
+    kubeconfig.conf of kube-proxy."""
+    sa = "/var/run/secrets/kubernetes.io/serviceaccount"
+    return {"apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "default", "cluster": {"certificate-authority": f"{sa}/ca.crt", "server": server}}],
+            "contexts": [{"name": "default", "context": {"cluster": "default", "namespace": "default",
+                                                         "user": "default"}}],
+            "current-context": "default",
+            "users": [{"name": "default", "user": {"tokenFile": f"{sa}/token"}}]}
+
+
+def kxlb_daemonset(mode: str, *, api_host: str, api_port: int, cgroup_dir: str, bpffs: str,
+                   kubectl: Optional[Path] = None) -> list[dict]:
+    """deploy/base rendered by kustomize, with the lab's values where a cluster's overlay puts
+    its own: in the ConfigMap, the API server's address, both families' cluster CIDRs,
+    metrics on every address (as the lab's kube-proxy has them: tests scrape them from a
+    pod), the uplink eth0 and the lab CNI's ``kxp*`` pod interfaces. In the DaemonSet, what
+    no cluster-wide ConfigMap can say: each node has its own cgroup and pin directory under
+    the host's (``$(NODE_NAME)``, expanded by the kubelet); and *mode*'s flags (XDP)."""
+    import yaml
+    docs = kustomize(DEPLOY_BASE, kubectl)
+    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    conf = yaml.safe_load(cm["data"]["config.conf"])
+    conf.update(clusterCIDR=CLUSTER_CIDRS, detectLocalMode="ClusterCIDR",
+                metricsBindAddress=f"0.0.0.0:{DS_METRICS_PORT}")
+    host = f"[{api_host}]" if ":" in api_host else api_host
+    cm["data"].update({"config.conf": yaml.safe_dump(conf, sort_keys=False),
+                       "kubeconfig.conf": yaml.safe_dump(kubeconfig_for_pods(f"https://{host}:{api_port}"),
+                                                         sort_keys=False),
+                       "uplink-interfaces": "eth0", "pod-interfaces": "kxp*"})
     ds = next(d for d in docs if d["kind"] == "DaemonSet")
     c = ds["spec"]["template"]["spec"]["containers"][0]
-    c["command"] = [c["command"][0], f"--pin-dir={bpffs}/$(NODE_NAME)", *c["command"][1:]]
-    args = [a for a in c["args"] if not a.startswith("--iface=")]
-    args = ["--iface=eth0", "--iface=kxp*", *args]
-    args = _flag(args, "--cgroup", f"{cgroup_dir}/$(NODE_NAME)")
-    args = _flag(args, "--cluster-cidr", CLUSTER_CIDRS)
-    c["args"] = args + list(PROXY_MODES[mode].flags)
-    env = {e["name"]: e for e in c["env"]}
-    env["KUBERNETES_SERVICE_HOST"] = {"name": "KUBERNETES_SERVICE_HOST", "value": api_host}
-    env["KUBERNETES_SERVICE_PORT"] = {"name": "KUBERNETES_SERVICE_PORT", "value": str(api_port)}
-    c["env"] = list(env.values())
+    per_node = {"KXLB_CGROUP": f"{cgroup_dir}/$(NODE_NAME)",
+                "KXLB_PIN_DIR": f"{bpffs}/$(NODE_NAME)"}   # read by `kxlb` itself (--pin-dir)
+    c["env"] = [e for e in c["env"] if e["name"] not in per_node] + \
+        [{"name": k, "value": v} for k, v in per_node.items()]   # after NODE_NAME, which they use
+    c["args"] = c["args"] + list(PROXY_MODES[mode].flags)
     return docs
 
 
