@@ -69,21 +69,6 @@ def _netlink_error(exc: Exception, what: str) -> KxlbError:
     return KxlbError(f"{what}: {exc}{hint}")
 
 
-def accept_local(ns: str | None, iface: str) -> None:
-    """Let ``iface`` receive packets whose source is one of the node's own addresses:
-    masqueraded flows (hairpin, or from outside the cluster) leave our ingress hook with
-    the node's address as their source, which Linux would otherwise drop as martian."""
-    with netns(ns):  # /proc/sys/net is the opening thread's namespace
-        try:
-            with open(f"/proc/sys/net/ipv4/conf/{iface}/accept_local", "w") as f:
-                f.write("1")
-        except FileNotFoundError:
-            raise KxlbError(f"interface {iface!r} not found") from None
-        except OSError as exc:  # a container whose /proc/sys is read-only
-            raise KxlbError(f"cannot set net.ipv4.conf.{iface}.accept_local=1: {exc.strerror} (kxlb needs "
-                            f"/proc/sys/net writable: CAP_NET_ADMIN in the node's network namespace)") from None
-
-
 def list_links(ns: str | None) -> list[str]:
     """Names of the interfaces in a network namespace."""
     with _ipr(ns) as ipr:

@@ -30,7 +30,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 
-from . import attach, bpfsys, migrate
+from . import attach, bpfsys, devconf, migrate
 from .compile import Datapath, build_digest, compile_datapath, pinned_datapath
 from .errors import KxlbError
 from .lock import WriterLock
@@ -370,7 +370,7 @@ def _attach_hooks(dp: Datapath, iface: str, ns: str | None, xdp_mode: str | None
         a = Attachment(iface=iface, netns=ns, hook="tc")
     # Either way, ICMP errors the node sends about translated flows leave through tc egress.
     attach.attach_tc(ns, iface, dp.tc_egress_fd, "egress")
-    attach.accept_local(ns, iface)
+    devconf.prepare_interface(ns, iface)  # accept_local, rp_filter loose (loader/devconf.py)
     return a
 
 
