@@ -46,6 +46,8 @@ class FileSettings:
     full_sync_period: float | None = None   # not in KubeProxyConfiguration (kube-proxy: fixed 1 h)
     masquerade_all: bool | None = None
     detect_local: str | None = None     # ClusterCIDR or NodeCIDR
+    conntrack_max_per_core: int | None = None  # conntrack.maxPerCore: sizes kxlb's own conntrack
+    conntrack_min: int | None = None           # conntrack.min
 
 
 def _bind(value, port: int) -> str | None:
@@ -105,7 +107,13 @@ def parse(doc: dict) -> FileSettings:
     if doc.get("portRange"):
         raise KxlbError("--config: portRange (the userspace proxy's) is not supported")
     ct = doc.get("conntrack") or {}
-    tuned = [k for k, v in ct.items() if v not in (None, 0, "", "0s", False)]
+    for field in ("maxPerCore", "min"):  # kube-proxy's nf_conntrack_max: kxlb sizes its own table with them
+        v = ct.get(field)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise KxlbError(f"--config: conntrack.{field}: {v!r} is not a count")
+    s.conntrack_max_per_core = ct.get("maxPerCore")
+    s.conntrack_min = ct.get("min")
+    tuned = [k for k, v in ct.items() if k not in ("maxPerCore", "min") and v not in (None, 0, "", "0s", False)]
     if tuned:
         log.warning("--config: conntrack.%s: Linux conntrack sysctls are left as they are (kxlb tracks its "
                     "flows in its own map)", ", conntrack.".join(sorted(tuned)))

@@ -89,7 +89,14 @@ def api_client(kubeconfig: str | None):
 
 DEFAULTS = {"min_sync_period": 0.0, "reconcile_period": 30.0, "full_sync_period": 3600.0, "metrics_bind_address": "127.0.0.1:10249",
             "healthz_bind_address": "0.0.0.0:10256", "masquerade_all": False, "nodeport_addresses": [],
-            "node_name": None, "kubeconfig": None, "cluster_cidr": None, "detect_local": None}
+            "node_name": None, "kubeconfig": None, "cluster_cidr": None, "detect_local": None,
+            "conntrack_max_per_core": 32768, "conntrack_min": 131072}   # kube-proxy's conntrack defaults
+
+
+def conntrack_flows(max_per_core: int, minimum: int, cpus: int | None = None) -> int:
+    """kube-proxy's nf_conntrack_max: maxPerCore x CPUs, at least min (maxPerCore 0: min).
+    kxlb sizes its own conntrack table with it (loader/mapspec.py conntrack_cflags)."""
+    return max(max_per_core * (cpus or os.cpu_count() or 1), minimum)
 
 
 def resolve(a) -> None:
@@ -133,7 +140,9 @@ def run(a) -> None:
     lock, reg = take_pin_dir(a, hhost, hport)
     attacher = None
     if a.iface or a.cgroup:
-        dp = prepare_datapath(a.pin_dir, reg, lock)
+        from kxlb.loader.mapspec import conntrack_cflags
+        flows = conntrack_flows(a.conntrack_max_per_core, a.conntrack_min)
+        dp = prepare_datapath(a.pin_dir, reg, lock, conntrack_cflags(flows))
         if a.cgroup:
             from kxlb.loader.socklb import attach_socket_lb
             attach_socket_lb(a.pin_dir, a.cgroup)  # the pinned hooks: the cgroup keeps them attached
@@ -224,17 +233,21 @@ from kxlb.loader import datapath
 from kxlb.loader.errors import KxlbError
 from kxlb.loader.lock import WriterLock
 from kxlb.loader.registry import Registry
-pin = sys.argv[1]
+pin, cflags = sys.argv[1], sys.argv[2:]
 try:
     with WriterLock(pin).acquire(), Registry(pin, create=True) as reg:  # the parent's lock, inherited
-        datapath.prepare(pin, reg)
+        done = datapath.prepare(pin, reg, cflags)
+    for line in done.migrated:
+        print(f"migrated {line}")
+    if done.reattached:
+        print(f"{len(done.reattached)} earlier attachments switched to this build")
 except KxlbError as exc:
     print(exc, file=sys.stderr)
     sys.exit(1)
 """
 
 
-def prepare_datapath(pin_dir: str, reg, lock):
+def prepare_datapath(pin_dir: str, reg, lock, cflags: list[str]):
     """This build's datapath in the pin directory: the pinned programs when they are this
     build's (a restart: no compile), else compiled, migrated and switched in a short-lived
     child under this process's writer lock, so LLVM (about 150 MB) never stays in the
@@ -246,17 +259,19 @@ def prepare_datapath(pin_dir: str, reg, lock):
     from kxlb.loader.datapath import plan, reusable
     from kxlb.loader.mapspec import datapath_specs
 
-    dp = reusable(pin_dir, reg, plan(pin_dir, datapath_specs()))
+    dp = reusable(pin_dir, reg, plan(pin_dir, datapath_specs(cflags)), cflags)
     if dp is not None:
         log.info("the pinned datapath is this build's: attached without compiling")
         return dp
     t0 = time.monotonic()
     env, fds = lock.child_env()
-    r = subprocess.run([sys.executable, "-c", PREPARE, pin_dir], capture_output=True, text=True, env=env,
+    r = subprocess.run([sys.executable, "-c", PREPARE, pin_dir, *cflags], capture_output=True, text=True, env=env,
                        pass_fds=fds)
     if r.returncode != 0:
         raise KxlbError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "compiling the datapath failed")
     log.info("datapath compiled and pinned in %.1fs", time.monotonic() - t0)
+    for line in r.stdout.splitlines():
+        log.info("%s", line)   # maps migrated (a new layout or size), attachments switched
     return pinned_datapath(pin_dir)
 
 
@@ -328,6 +343,13 @@ def register(sub) -> None:
                    help=f"entries of the Maglev lookup table of the largest backend sets (a prime above the "
                         f"largest set, at most 65521; smaller sets get 251 or 1021: docs/datapath.md; default "
                         f"{DEFAULT_TABLE_SIZE}). A new size applies to a set when it next changes")
+    p.add_argument("--conntrack-max-per-core", type=int, metavar="N",
+                   help=f"flows kxlb's conntrack holds per CPU (kube-proxy's flag: there nf_conntrack_max; here "
+                        f"the size of kxlb's own table, preallocated; default "
+                        f"{DEFAULTS['conntrack_max_per_core']}; 0: --conntrack-min alone)")
+    p.add_argument("--conntrack-min", type=int, metavar="N",
+                   help=f"flows kxlb's conntrack holds at least, whatever the CPUs (default "
+                        f"{DEFAULTS['conntrack_min']}). A new size is migrated into, flows kept")
     p.add_argument("--cleanup", action="store_true",
                    help="remove every program, hook and pin kxlb made on this node (in --netns, --cgroup, "
                         "--pin-dir), then exit: kube-proxy's --cleanup, for going back to kube-proxy")

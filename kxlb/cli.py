@@ -34,8 +34,10 @@ def cmd_load(a) -> None:
     mode = a.xdp_mode if a.xdp else None
     if a.xdp_trust_checksums and not a.xdp:
         raise KxlbError("--xdp-trust-checksums applies to --xdp only")
+    from kxlb.loader.mapspec import conntrack_cflags
     prepared, attached = datapath.load(a.iface, a.netns, mode, a.pin_dir, force=a.force,
-                                       xdp_trust_checksums=a.xdp_trust_checksums, wait=a.wait)
+                                       xdp_trust_checksums=a.xdp_trust_checksums, wait=a.wait,
+                                       extra_cflags=conntrack_cflags(a.conntrack_max) if a.conntrack_max else None)
     if not prepared.compiled:
         print(f"kxlb: the programs pinned in {a.pin_dir} are this build's: attached without compiling")
     for note in prepared.migrated:
@@ -312,6 +314,10 @@ class _PrintVersion(argparse.Action):
 
 
 # --- parser ---------------------------------------------------------------------------------
+def _conntrack_max(text: str) -> int:
+    return parse_number(text, "--conntrack-max", 1024, 1 << 24)
+
+
 def _wait_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait", type=float, default=10.0, metavar="SECONDS",
                    help="how long to wait for another writer of the pin directory to finish (one writer at a "
@@ -388,6 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "its checksums (TX checksum offload off), else translated packets get bad checksums")
     ld.add_argument("--force", action="store_true",
                     help="replace an XDP program that kxlb did not attach (by default kxlb refuses)")
+    ld.add_argument("--conntrack-max", type=_conntrack_max, metavar="FLOWS",
+                    help="flows the conntrack table holds (preallocated; default 131072: kube-proxy's "
+                         "nf_conntrack_max on 2 CPUs). A new size is migrated into, flows kept")
     _wait_option(ld)
     ld.set_defaults(func=cmd_load)
 

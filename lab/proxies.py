@@ -137,28 +137,24 @@ def clear_iptables(n: NodeSpec) -> None:
                 check=False)
 
 def clear_bpf(n: NodeSpec) -> None:
-    """Detach every tc and XDP program of the node, remove its pins and (with them) the
-    cgroup's socket programs."""
-    if netns_exists(n.netns):
-        qdiscs = json.loads(run("tc", "-n", n.netns, "-j", "qdisc", "show", check=False).stdout or "[]")
-        cmds = [f"qdisc del dev {q['dev']} clsact" for q in qdiscs if q.get("kind") == "clsact"]
-        if cmds:
-            run("tc", "-force", "-n", n.netns, "-batch", "-", input="\n".join(cmds) + "\n", check=False)
-        links = json.loads(run("ip", "-n", n.netns, "-j", "link", "show", check=False).stdout or "[]")
-        # Per mode: a plain "xdp off" means native on a device with a driver hook (veth
-        # has one), and would leave a generic program attached.
-        cmds = [f"link set dev {x['ifname']} {mode} off" for x in links if "xdp" in x
-                for mode in ("xdpgeneric", "xdpdrv")]
-        if cmds:
-            run("ip", "-force", "-n", n.netns, "-batch", "-", input="\n".join(cmds) + "\n", check=False)
-    had_pins = os.path.exists(n.pin_dir)
-    shutil.rmtree(n.pin_dir, ignore_errors=True)  # the pins, and kxlb's registry with them
-    if had_pins:
-        # The socket-level programs stay attached to the node's cgroup without their pins:
-        # detach them by name. (Not by removing the cgroup: on a real-kubelet node it holds
-        # containerd, the kubelet and every pod.)
-        from kxlb.loader.socklb import detach_socket_lb
-        detach_socket_lb(n.cgroup)
+    """Remove kxlb from node *n* the way an operator goes back to kube-proxy: `kxlb cleanup`
+    (loader/cleanup.py: what the registry in the pin directory records, then kxlb's tc
+    filters, XDP programs and socket hooks found by name). Then check the node holds no
+    BPF program on any interface and nothing in the pin directory: a cleanup that left
+    something fails the lab's proxy switch, and so the tests that switch."""
+    from kxlb.loader.cleanup import cleanup
+
+    if not netns_exists(n.netns):
+        shutil.rmtree(n.pin_dir, ignore_errors=True)
+        return
+    cleanup(n.pin_dir, n.netns, n.cgroup, wait=30)
+    left = [f"{q['kind']} qdisc on {q['dev']}" for q in json.loads(
+        run("tc", "-n", n.netns, "-j", "qdisc", "show", check=False).stdout or "[]") if q.get("kind") == "clsact"]
+    left += [f"XDP on {x['ifname']}" for x in json.loads(
+        run("ip", "-n", n.netns, "-j", "link", "show", check=False).stdout or "[]") if "xdp" in x]
+    left += [f"pin directory {n.pin_dir}"] if os.path.exists(n.pin_dir) else []
+    if left:
+        raise LabError(f"kxlb cleanup left {', '.join(left)} on {n.name}")
 
 
 # ---- as DaemonSets (real-kubelet labs) -----------------------------------------------------------

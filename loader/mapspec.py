@@ -154,6 +154,18 @@ def datapath_specs(cflags: list[str] | None = None) -> dict[str, MapSpec]:
     return out
 
 
+def conntrack_cflags(flows: int) -> list[str]:
+    """Build flags sizing conntrack for ``flows`` tracked flows (kube-proxy users think in
+    nf_conntrack_max): two IPv4 entries per flow (maps.h), socket translations as many;
+    IPv6 a quarter of the flows (its entries are 2.5 times the size, and clusters carry
+    less of it). The LRU tables are preallocated: memory follows this, not the traffic."""
+    from .errors import KxlbError
+
+    if not 1024 <= flows <= 1 << 24:
+        raise KxlbError(f"conntrack size {flows}: expected 1024 to {1 << 24} flows")
+    return [f"-DKXLB_CT_ENTRIES={2 * flows}", f"-DKXLB_CT6_ENTRIES={max(1024, flows // 2)}"]
+
+
 def released_layouts(path: Path = LAYOUTS_FILE) -> dict[tuple[str, int], str]:
     """(base name, version) -> layout digest of every layout a release shipped."""
     out = {}

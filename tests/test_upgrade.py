@@ -13,7 +13,7 @@ import sys
 import pytest
 
 import oldrelease
-from harness import add_tc_filter
+from harness import Holder, add_tc_filter
 from kxlb.loader import bpfsys, datapath
 from kxlb.loader import compile as comp
 from kxlb.loader.errors import KxlbError
@@ -39,90 +39,6 @@ def tc_prog(ns, iface, direction="ingress") -> str:
                          text=True).stdout
     return " ".join(m.group(1) for line in out.splitlines() if "kxlb" in line
                     for m in [re.search(r"\bid (\d+)", line)] if m)
-
-
-# A client holding connections open through the datapath: TCP connections and connected
-# UDP sockets, each probed with one line/datagram ("probe" prints the backends that
-# answered), and a UDP stream of one datagram every 5 ms to count losses ("ping start",
-# "ping stop" prints sent and received).
-HOLDER = r"""
-import json, socket, sys, threading, time
-socks = []
-for proto, host, port in json.loads(sys.argv[1]):
-    if proto == "tcp":
-        s = socket.create_connection((host, port), timeout=5)
-    else:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3); s.connect((host, port))
-    socks.append((proto, s))
-def probe():
-    out = []
-    for proto, s in socks:
-        try:
-            if proto == "tcp":
-                s.sendall(b"x\n"); data = b""
-                while not data.endswith(b"\n"):
-                    chunk = s.recv(100)
-                    if not chunk:
-                        raise ConnectionError("closed")
-                    data += chunk
-            else:
-                s.send(b"x"); data = s.recv(100)
-            out.append(data.split()[0].decode())
-        except Exception as exc:
-            out.append(f"error: {exc}")
-    return out
-ping = {"sent": 0, "got": set(), "run": False}
-def pinger(host, port):
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect((host, port)); s.settimeout(0.005)
-    while ping["run"]:
-        s.send(str(ping["sent"]).encode()); ping["sent"] += 1
-        t = time.monotonic() + 0.005
-        while time.monotonic() < t:
-            try:
-                ping["got"].add(s.recv(100).split()[1])
-            except (socket.timeout, OSError):
-                pass
-    end = time.monotonic() + 2
-    while time.monotonic() < end:
-        try:
-            ping["got"].add(s.recv(100).split()[1])
-        except (socket.timeout, OSError):
-            pass
-print(json.dumps(probe()), flush=True)
-thread = None
-for line in sys.stdin:
-    cmd = line.split()
-    if cmd[0] == "probe":
-        print(json.dumps(probe()), flush=True)
-    elif cmd[0] == "ping" and cmd[1] == "start":
-        ping["run"] = True
-        thread = threading.Thread(target=pinger, args=(cmd[2], int(cmd[3]))); thread.start()
-        print("[]", flush=True)
-    elif cmd[0] == "ping" and cmd[1] == "stop":
-        ping["run"] = False; thread.join()
-        print(json.dumps({"sent": ping["sent"], "received": len(ping["got"])}), flush=True)
-"""
-
-
-class Holder:
-    def __init__(self, ns: str, targets: list):
-        self.proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", HOLDER, json.dumps(targets)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.first = self._read()
-
-    def _read(self):
-        line = self.proc.stdout.readline()
-        assert line, "the client holding the connections died"
-        return json.loads(line)
-
-    def ask(self, *words):
-        self.proc.stdin.write(" ".join(map(str, words)) + "\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def close(self):
-        self.proc.kill()
-        self.proc.wait()
 
 
 @pytest.fixture(scope="module")

@@ -159,3 +159,30 @@ def test_cidr_flags_take_one_cidr_per_family_and_name_the_flag_on_errors():
         ("10.250.0.0/24", "fd00::/64", "192.168.1.5/32")
     with pytest.raises(KxlbError, match="'primary' cannot be combined"):
         parse_nodeport_cidrs(["primary,10.0.0.0/8"])
+
+
+def test_kxlb_conntrack_is_sized_as_kube_proxy_sizes_nf_conntrack_max(tmp_path):
+    """conntrack.maxPerCore x CPUs, at least conntrack.min (kube-proxy's defaults 32768 and
+    131072); kind's maxPerCore 0 means min alone. kxlb sizes its own table with it."""
+    from kxlb.controller.main import conntrack_flows
+    from kxlb.loader.mapspec import conntrack_cflags
+
+    f = tmp_path / "config.conf"
+    f.write_text(KUBEADM)                     # kind's: maxPerCore 0, min null
+    a = args("--config", str(f))
+    resolve(a)
+    assert conntrack_flows(a.conntrack_max_per_core, a.conntrack_min, cpus=64) == 131072
+    f.write_text(KUBEADM.replace("maxPerCore: 0", "maxPerCore: 4096").replace("min: null", "min: 8192"))
+    a = args("--config", str(f))
+    resolve(a)
+    assert conntrack_flows(a.conntrack_max_per_core, a.conntrack_min, cpus=4) == 16384
+    a = args("--config", str(f), "--conntrack-min", "100000")
+    resolve(a)
+    assert conntrack_flows(a.conntrack_max_per_core, a.conntrack_min, cpus=4) == 100000
+    a = args("--node-name", "n1")
+    resolve(a)
+    assert conntrack_flows(a.conntrack_max_per_core, a.conntrack_min, cpus=8) == 262144
+    assert conntrack_cflags(131072) == ["-DKXLB_CT_ENTRIES=262144", "-DKXLB_CT6_ENTRIES=65536"]
+    with pytest.raises(KxlbError, match="conntrack.min: 'many' is not a count"):
+        f.write_text(KUBEADM.replace("min: null", "min: many"))
+        load(str(f))

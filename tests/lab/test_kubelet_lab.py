@@ -178,6 +178,62 @@ def test_cluster_dns_resolves_service_names(klab, proxy):
         == "v1.37.1"
 
 
+
+def kxlb_pods_logs(lab: Lab) -> str:
+    return lab.kubectl("-n", "kube-system", "logs", "-l", "app.kubernetes.io/name=kxlb", "--tail=-1",
+                       "--max-log-requests=10", check=False, timeout=60).stdout
+
+
+def roll_kxlb(lab: Lab) -> None:
+    lab.kubectl("-n", "kube-system", "rollout", "restart", "daemonset/kxlb")
+    lab.kubectl("-n", "kube-system", "rollout", "status", "daemonset/kxlb", "--timeout=600s", timeout=620)
+
+
+@pytest.mark.parametrize("proxy", ["kxlb"], indirect=True)
+def test_kxlb_daemonset_rolls_and_resizes_conntrack_under_open_connections(klab, proxy):
+    """The DaemonSet restarted (a new pod takes the old one's pins without compiling) and
+    given a new conntrack size (conntrack.min in its ConfigMap: the new pods compile and
+    migrate the table), one node at a time, with HTTP keep-alive connections open through a
+    cluster IP and a NodePort from the outside client: each keeps its backend throughout."""
+    import yaml
+    from harness import Holder
+
+    n1, n2 = klab.node(1), klab.node(2)
+    apply(klab, agnhost_pod("u1", n1.name, {"app": "u"}), agnhost_pod("u2", n2.name, {"app": "u"}),
+          {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "u", "namespace": "kt"},
+           "spec": {"type": "NodePort", "selector": {"app": "u"}, "ports": [{"port": 80, "targetPort": 8080}]}})
+    wait_ready(klab, "u1", "u2")
+    svc = json.loads(klab.kubectl("-n", "kt", "get", "svc", "u", "-o", "json").stdout)
+    vip, node_port = svc["spec"]["clusterIP"], svc["spec"]["ports"][0]["nodePort"]
+    deadline = time.monotonic() + 30
+    while True:
+        seen = {subprocess.run(["ip", "netns", "exec", klab.client_ns, "curl", "-s", "-m", "2",
+                                f"http://{vip}/hostname"], capture_output=True, text=True).stdout for _ in range(8)}
+        if seen == {"u1", "u2"} or time.monotonic() > deadline:
+            break
+    assert seen == {"u1", "u2"}
+    holder = Holder(klab.client_ns, [("http", vip, 80)] * 4 + [("http", n2.ip, node_port)] * 4)
+    try:
+        first = holder.first
+        assert set(first) == {"u1", "u2"}, first
+        roll_kxlb(klab)
+        assert holder.ask("probe") == first
+        assert "attached without compiling" in kxlb_pods_logs(klab)
+        cm = next(line.split("/", 1)[1] for line in klab.kubectl("-n", "kube-system", "get", "configmap", "-o",
+                                                                 "name").stdout.split()
+                  if line.startswith("configmap/kxlb"))
+        data = json.loads(klab.kubectl("-n", "kube-system", "get", "configmap", cm, "-o", "json").stdout)["data"]
+        conf = yaml.safe_load(data["config.conf"])
+        conf["conntrack"] = {**(conf.get("conntrack") or {}), "maxPerCore": 0, "min": 200000}
+        klab.kubectl("-n", "kube-system", "patch", "configmap", cm, "--type", "merge", "-p",
+                     json.dumps({"data": {"config.conf": yaml.safe_dump(conf, sort_keys=False)}}))
+        roll_kxlb(klab)
+        assert holder.ask("probe") == first
+        logs = kxlb_pods_logs(klab)
+        assert "migrated conntrack: capacity 262144 -> 400000" in logs, logs[-3000:]
+    finally:
+        holder.close()
+
 @pytest.mark.timeout(1800)   # the first run builds e2e.test (3.5 min with a warm Go cache)
 @pytest.mark.parametrize("proxy", ("kube-proxy", "kxlb"), indirect=True)
 def test_upstream_conformance_services_specs_pass(klab, proxy, tmp_path):
