@@ -18,8 +18,10 @@
 #endif
 #define KXLB_MAX_BACKENDS_PER_SVC 4096   /* slots per service and generation */
 #ifndef KXLB_CT_ENTRIES
-#define KXLB_CT_ENTRIES          262144  /* conntrack: two entries (fwd + rev) per flow */
+#define KXLB_CT_ENTRIES          262144  /* conntrack: client sockets (a record holds its flows) */
 #endif
+#define KXLB_CT_WAYS             4       /* flows one client socket can have at once (maps.h ct_entry) */
+#define KXLB_MASQ_WAYS           4       /* flows one masquerade port can carry, to distinct backends */
 #ifndef KXLB_AFFINITY_ENTRIES
 #define KXLB_AFFINITY_ENTRIES    65536   /* ClientIP session affinity: (service port, client) pairs */
 #endif
@@ -27,7 +29,7 @@
 #define KXLB_SRC_RANGE_ENTRIES   16384   /* loadBalancerSourceRanges over all service ports */
 #endif
 #ifndef KXLB_CT6_ENTRIES
-#define KXLB_CT6_ENTRIES         65536   /* IPv6 conntrack (preallocated: ~190 bytes an entry) */
+#define KXLB_CT6_ENTRIES         65536   /* IPv6 conntrack: client sockets (preallocated: ~300 bytes each) */
 #endif
 #ifndef KXLB_AFFINITY6_ENTRIES
 #define KXLB_AFFINITY6_ENTRIES   16384   /* IPv6 ClientIP session affinity */
@@ -41,12 +43,29 @@
 #endif
 
 /* Conntrack lifetimes in seconds (documented in docs/datapath.md). */
-#define KXLB_CT_TCP_SYN_S        60      /* TCP flow until the backend answered */
+#define KXLB_CT_TCP_SYN_S        60      /* TCP flow until its handshake completed (Linux SYN_RECV: 60 s) */
 #define KXLB_CT_TCP_EST_S        21600   /* established TCP flow, idle (Cilium's default) */
 #define KXLB_CT_TCP_CLOSE_S      10      /* after RST, or FIN seen in both directions */
+#define KXLB_CT_TCP_TIME_WAIT_S  60      /* a masquerade port stays taken this long after its TCP flow
+					  * ended: the backend holds the 4-tuple in TIME_WAIT (2 MSL) */
 #define KXLB_CT_UDP_S            30      /* UDP flow until the backend answered (Linux: 30 s) */
 #define KXLB_CT_UDP_REPLIED_S    120     /* UDP flow that saw a reply (Linux "stream": 120 s) */
-#define KXLB_CT_REFRESH_S        1       /* an entry's deadline is rewritten at most this often */
+
+/* Time in the datapath is counted in ticks of 2^30 ns (1.07 s) of CLOCK_MONOTONIC_COARSE:
+ * lifetimes are seconds, a tick is a shift away from the clock's nanoseconds (no 64-bit
+ * division on the packet path), and a u32 of ticks lasts 146 years. A lifetime of S
+ * seconds is KXLB_TICKS(S) ticks, rounded up. */
+#define KXLB_TICK_SHIFT          30
+#define KXLB_TICKS(s)            ((__u32)((((__u64)(s) * 1000000000ull) + (1ull << KXLB_TICK_SHIFT) - 1) >> KXLB_TICK_SHIFT))
+
+/* Masquerade under a flood of new flows (a spoofed SYN flood at a masqueraded frontend):
+ * more than KXLB_FLOOD_NEW_PER_TICK new masqueraded flows in one tick on one CPU, and for
+ * a SYN's lifetime after it a port search may reclaim a port held by a flow that never got
+ * past its first exchange (not confirmed both ways) once it is KXLB_FLOOD_HALF_OPEN_TICKS
+ * old, as Linux's conntrack drops unconfirmed entries first when full. Katran's
+ * is_under_flood() is the same idea for its LRU. */
+#define KXLB_FLOOD_NEW_PER_TICK  1024
+#define KXLB_FLOOD_HALF_OPEN_TICKS 2
 
 /* Frontend kinds (struct svc_value.kind): how clients reach a service port. */
 #define KXLB_KIND_CLUSTER_IP     0       /* spec.clusterIPs */
@@ -73,17 +92,27 @@
 /* Configuration flags (struct lb_config.flags). */
 #define KXLB_CFG_F_MASQUERADE_ALL 0x01   /* masquerade every new flow to a cluster IP (--masquerade-all) */
 
-/* Conntrack entry direction. */
-#define KXLB_CT_DIR_FWD          0       /* client -> VIP, as sent by the client */
-#define KXLB_CT_DIR_REV          1       /* backend -> client, as sent by the backend */
+/* Which way a packet of a tracked flow goes. */
+#define KXLB_CT_DIR_FWD          0       /* client -> frontend, as sent by the client */
+#define KXLB_CT_DIR_REV          1       /* backend -> client: a reply */
 
-/* Conntrack entry flags (struct ct_entry.flags). */
-#define KXLB_CT_F_REPLIED        0x01    /* the backend has answered */
-#define KXLB_CT_F_FIN_FWD        0x02    /* client sent FIN */
-#define KXLB_CT_F_FIN_REV        0x04    /* backend sent FIN */
-#define KXLB_CT_F_RST            0x08    /* either side sent RST */
-#define KXLB_CT_F_SNAT           0x10    /* masqueraded: the backend sees the masquerade address */
-#define KXLB_CT_F_REMAP          0x20    /* the client's port was taken on the backend's side: remapped */
+/* Flow state (the low 16 bits of struct ct_flow.claim; maps.h). */
+#define KXLB_CT_F_USED           0x0001  /* the way holds a flow (claim != 0) */
+#define KXLB_CT_F_REPLIED        0x0002  /* the backend has answered */
+#define KXLB_CT_F_FIN_FWD        0x0004  /* client sent FIN */
+#define KXLB_CT_F_FIN_REV        0x0008  /* backend sent FIN */
+#define KXLB_CT_F_RST            0x0010  /* either side sent RST */
+#define KXLB_CT_F_SNAT           0x0020  /* masqueraded: the backend sees the masquerade address */
+#define KXLB_CT_F_REMAP          0x0040  /* the client's port was taken on the backend's side: remapped */
+#define KXLB_CT_F_FWD_ACK        0x0080  /* a forward packet without SYN (TCP), or after a reply (UDP) */
+#define KXLB_CT_F_REV_ACK        0x0100  /* a reply without SYN (TCP) */
+#define KXLB_CT_F_DIRECT         0x0200  /* not a service flow: the client talks to a flow's backend
+					  * directly on its own port, remapped so the replies differ */
+#define KXLB_CT_F_STATE          0x03ff  /* every flag above */
+
+/* Masquerade port way state (the low 8 bits of struct masq_way.claim). */
+#define KXLB_MASQ_F_USED         0x01
+#define KXLB_MASQ_F_CONFIRMED    0x02    /* its flow is confirmed both ways: never reclaimed early */
 
 /* Datapath counters (index into dp_stats). */
 #define KXLB_ST_PASS             0       /* not ours: passed untouched */
@@ -105,25 +134,29 @@
 #define KXLB_ST_BAD_PORT         16      /* cluster IP on a port no Service defines: rejected */
 #define KXLB_ST_UNALLOCATED      17      /* unallocated address of a service CIDR: dropped */
 #define KXLB_ST_AFFINITY         18      /* new flow sent to its client's affinity backend */
-#define KXLB_ST_CT_STALE         19      /* client talks to a backend directly: its old reply entry dropped */
-#define KXLB_ST_CT_PEER          20      /* a flow's evicted peer entry recreated */
-#define KXLB_ST_CT_REMAP         21      /* new flow's source port taken by another flow: remapped */
+/* 19, 20: kxlb 0.2's stale-entry and peer-entry counters, gone with its two-entry flows */
+#define KXLB_ST_CT_REMAP         21      /* new flow's replies would be ambiguous: its source port remapped */
 #define KXLB_ST_NO_PROG          22      /* IPv6 frame, but no IPv6 program loaded: passed untouched */
-#define KXLB_ST_MAX              24
+#define KXLB_ST_SNAT_RECLAIM     23      /* under a flood: a half-open flow's masquerade port taken back */
+#define KXLB_ST_CT_DIRECT        24      /* direct traffic on a flow's reply tuple: its source port remapped */
+#define KXLB_ST_FLOOD            25      /* new masqueraded flows over KXLB_FLOOD_NEW_PER_TICK (a tick, a CPU) */
+#define KXLB_ST_MAX              26
 
 /* Slots of the tail-call program arrays (kxlb.c tc_progs, xdp_progs). */
 #define KXLB_PROG_IPV6           0       /* the IPv6 journey (tc ingress, XDP) */
 #define KXLB_PROG_MAX            1
 
-/* Source ports for masqueraded flows, and for flows whose own source port is taken on
- * the backend's side by another flow (two frontends sharing a backend): outside the
- * node's ip_local_port_range (default 32768-60999), so they never collide with the
- * node's own sockets. The controller sets the range in lb_config from the node's
- * setting; these are the defaults. The tries follow the flow hash, so two CPUs that
- * see a flow's first packets at once pick the same port. */
+/* Source ports for masqueraded flows, and for flows whose replies would be ambiguous (two
+ * frontends sharing a backend, one client socket): outside the node's ip_local_port_range
+ * (default 32768-60999), so they never collide with the node's own sockets, and outside
+ * the NodePort range and every frontend port on a node address, so a reply is never taken
+ * for a new flow to a frontend (the controller checks its range; these are the defaults).
+ * A port is claimed in the masquerade port table (maps.h masq_ports), up to
+ * KXLB_SRC_PORT_TRIES ports from the flow hash on, each with KXLB_MASQ_WAYS flows to
+ * distinct backends. */
 #define KXLB_SRC_PORT_MIN        61000
 #define KXLB_SRC_PORT_MAX        65535
-#define KXLB_SRC_PORT_TRIES      16
+#define KXLB_SRC_PORT_TRIES      48
 
 /* Hash seed for backend selection. Any fixed value: every node must agree, so a flow
  * that moves between nodes (ECMP change) still picks the same backend. */

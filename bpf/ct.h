@@ -1,21 +1,20 @@
 /* SPDX-License-Identifier: GPL-2.0 */
-/* Conntrack: pins a flow to the backend chosen for its first packet.
+/* Conntrack: pins a flow to the backend chosen for its first packet (maps.h ct_map, one
+ * record per client socket, and masq_map, the masquerade port table).
  *
- * A flow owns two ct_map entries with the same value (maps.h): FWD keyed as the client
- * sends, REV keyed by the translated 4-tuple in canonical order. The flow lives and
- * dies as one:
- *  - state: a packet that changes it (first reply, FIN, RST) ORs its flags into both
- *    entries atomically, so two CPUs seeing a FIN and an RST at once lose neither;
- *  - lifetime: an entry is live until last_ns + ct_lifetime(flags). A packet refreshes
- *    its own entry at most every KXLB_CT_REFRESH_S, and the peer entry with it: a flow
- *    that only sends one way keeps its reply entry, and the peer lookup tells the LRU
- *    that entry is in use;
- *  - eviction: if the LRU evicted the peer anyway, that refresh puts it back (the
- *    value is the whole flow), so a busy flow is repaired within a second.
- * The clock is CLOCK_MONOTONIC_COARSE (bpf_ktime_get_coarse_ns): lifetimes are seconds,
- * and the coarse clock costs a fraction of the precise one per packet.
- * This header holds what does not depend on the address family; the flow's entries
- * are handled in ct.tmpl.h, written once for IPv4 and IPv6. */
+ * A flow is one way of its client socket's record: `claim` (frontend, state flags) and
+ * the rest of struct ct_flow. Both directions of the flow read the same way, so they live
+ * and die together; an LRU eviction takes the whole record. State flags go into `claim`
+ * with an atomic OR, so two CPUs seeing a FIN and an RST at once lose neither.
+ *
+ * Lifetimes (consts.h) follow the state: a TCP flow is established only once its
+ * handshake completed (a packet without SYN seen in each direction), so a half-open flow
+ * (SYN and SYN-ACK, no ACK: a spoofed SYN) lives a minute, not six hours.
+ *
+ * The clock is CLOCK_MONOTONIC_COARSE (bpf_ktime_get_coarse_ns) counted in ticks of 2^30
+ * ns: lifetimes are seconds, the coarse clock costs a fraction of the precise one, and a
+ * tick is a shift away (no 64-bit division on the packet path). This header holds what
+ * does not depend on the address family; the flows themselves are ct.tmpl.h's. */
 #ifndef KXLB_CT_H
 #define KXLB_CT_H
 #include "maps.h"
@@ -24,11 +23,9 @@
 #include "parse.h"
 #include "lb.h"
 
-#define NSEC_PER_SEC_ 1000000000ull
-
-static __always_inline __u64 ct_now(void)
+static __always_inline __u32 ct_now(void)
 {
-	return bpf_ktime_get_coarse_ns();
+	return bpf_ktime_get_coarse_ns() >> KXLB_TICK_SHIFT;
 }
 
 static __always_inline int ct_closing(__u64 flags)
@@ -38,22 +35,73 @@ static __always_inline int ct_closing(__u64 flags)
 		       (KXLB_CT_F_FIN_FWD | KXLB_CT_F_FIN_REV);
 }
 
-/* How long a flow in this state lives after its last packet (consts.h). */
-static __always_inline __u64 ct_lifetime_ns(__u8 proto, __u64 flags)
+/* Confirmed both ways: TCP's handshake completed (a packet without SYN each way); UDP
+ * answered, then spoken to again. A spoofed source never gets there. */
+static __always_inline int ct_confirmed(__u8 proto, __u64 flags)
 {
-	__u32 s;
+	if (proto == IPPROTO_TCP)
+		return (flags & (KXLB_CT_F_FWD_ACK | KXLB_CT_F_REV_ACK)) == (KXLB_CT_F_FWD_ACK | KXLB_CT_F_REV_ACK);
+	return (flags & (KXLB_CT_F_REPLIED | KXLB_CT_F_FWD_ACK)) == (KXLB_CT_F_REPLIED | KXLB_CT_F_FWD_ACK);
+}
 
+/* How many ticks a flow in this state lives after its last packet (consts.h). */
+static __always_inline __u32 ct_lifetime(__u8 proto, __u64 flags)
+{
 	if (proto == IPPROTO_TCP) {
 		if (ct_closing(flags))
-			s = KXLB_CT_TCP_CLOSE_S;
-		else if (flags & KXLB_CT_F_REPLIED)
-			s = KXLB_CT_TCP_EST_S;
-		else
-			s = KXLB_CT_TCP_SYN_S;
-	} else {
-		s = (flags & KXLB_CT_F_REPLIED) ? KXLB_CT_UDP_REPLIED_S : KXLB_CT_UDP_S;
+			return KXLB_TICKS(KXLB_CT_TCP_CLOSE_S);
+		if (ct_confirmed(proto, flags))
+			return KXLB_TICKS(KXLB_CT_TCP_EST_S);
+		return KXLB_TICKS(KXLB_CT_TCP_SYN_S);
 	}
-	return (__u64)s * NSEC_PER_SEC_;
+	return (flags & KXLB_CT_F_REPLIED) ? KXLB_TICKS(KXLB_CT_UDP_REPLIED_S) : KXLB_TICKS(KXLB_CT_UDP_S);
+}
+
+/* How long a masquerade port stays taken after its flow's last packet: the flow's
+ * lifetime, and for TCP the backend's TIME_WAIT after it (a port reused sooner would meet
+ * the old connection's 4-tuple there). */
+static __always_inline __u32 masq_hold(__u8 proto, __u64 flags)
+{
+	return ct_lifetime(proto, flags) +
+	       (proto == IPPROTO_TCP ? KXLB_TICKS(KXLB_CT_TCP_TIME_WAIT_S) : 0);
+}
+
+/* `t` is in the future of `now` (ticks wrap after 146 years; compared as a difference). */
+static __always_inline int tick_after(__u32 t, __u32 now)
+{
+	return (__s32)(t - now) > 0;
+}
+
+/* New masqueraded flows on this CPU: how many this tick, and until when the node counts
+ * as under a flood. More than KXLB_FLOOD_NEW_PER_TICK in one tick starts (or extends) a
+ * flood period of a SYN's lifetime: while it lasts, a port search may take back ports held
+ * by half-open flows (consts.h), so connections made during and right after a spoofed SYN
+ * flood find ports, where they would otherwise wait for the flood's half-open flows to
+ * expire. Per CPU: no shared cache line on the path. */
+struct flood_count {
+	__u32 tick;
+	__u32 count;
+	__u32 until;
+};
+BPF_PERCPU_ARRAY(flood_map, struct flood_count, 1);
+
+static __always_inline int masq_flood(__u32 now)
+{
+	__u32 zero = 0;
+	struct flood_count *f = flood_map.lookup(&zero);
+
+	if (!f)
+		return 0;
+	if (f->tick != now) {
+		f->tick = now;
+		f->count = 0;
+	}
+	f->count += 1;
+	if (f->count == KXLB_FLOOD_NEW_PER_TICK + 1) {
+		f->until = now + KXLB_TICKS(KXLB_CT_TCP_SYN_S);
+		stat_inc(KXLB_ST_FLOOD);
+	}
+	return tick_after(f->until, now);
 }
 
 #endif

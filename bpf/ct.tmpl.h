@@ -1,6 +1,14 @@
 /* SPDX-License-Identifier: GPL-2.0 */
-/* Conntrack entries of one address family (ct.h says how a flow lives and dies). A
- * template (family.tmpl.h): written once, instantiated for IPv4 and IPv6. */
+/* Conntrack of one address family (ct.h says how a flow lives and dies; maps.h how the
+ * records and the masquerade port table are laid out). A template (family.tmpl.h):
+ * written once, instantiated for IPv4 and IPv6.
+ *
+ * Finding a packet's flow:
+ *  - forward (client -> frontend): the record of the packet's source socket, the way of
+ *    the packet's frontend (ct_forward);
+ *  - reply (backend -> client): to a masquerade port, the port's way names the client
+ *    socket (masq_reply); else the record of the packet's destination socket, the way of
+ *    the packet's backend (ct_reply). */
 #ifndef KX_(KXLB_CT_TMPL_H)
 #define KX_(KXLB_CT_TMPL_H)
 #include "family.tmpl.h"
@@ -10,211 +18,441 @@
 #include "lb.h"
 #include "ct.h"
 
-static __always_inline int KX_(ct_live)(const struct KX_(ct_entry) *e, __u8 proto, __u64 now)
+#define CT_IDENT_MASK_ (~(__u64)0xffff)    /* claim bits that name the frontend */
+#define MASQ_IDENT_MASK_ (~(__u64)0xff)    /* claim bits that name the backend and protocol */
+
+/* A flow's claim: the frontend (address folded to 32 bits, port) over its state flags. */
+static __always_inline __u64 KX_(ct_claim)(kx_addr_t front, __be16 port, __u64 flags)
 {
-	return now < e->last_ns + ct_lifetime_ns(proto, e->flags);
+	return ((__u64)KX_FOLD(front) << 32) | ((__u64)port << 16) | flags;
 }
 
-/* The packet comes from the flow's backend (its REV entry's backend side): a reply. */
-static __always_inline int KX_(ct_from_backend)(const struct KX_(ct_entry) *e, const struct KX_(pkt) *p)
+/* A masquerade way's claim: the backend (folded, port) and the protocol over its flags. */
+static __always_inline __u64 KX_(masq_claim)(kx_addr_t peer, __be16 port, __u8 proto, __u64 flags)
 {
-	return KX_EQ(e->backend_addr, p->saddr) && e->backend_port == p->sport;
+	return ((__u64)KX_FOLD(peer) << 32) | ((__u64)port << 16) | ((__u64)proto << 8) | flags;
+}
+
+static __always_inline __be16 KX_(ct_front_port)(const struct KX_(ct_flow) *f)
+{
+	return (__be16)(f->claim >> 16);
+}
+
+static __always_inline int KX_(ct_live)(const struct KX_(ct_flow) *f, __u8 proto, __u32 now)
+{
+	__u64 c = f->claim;
+
+	return (c & KXLB_CT_F_USED) && now - f->last < ct_lifetime(proto, c);
 }
 
 /* Flags a packet adds to its flow's state. */
-static __always_inline __u64 KX_(ct_flags_of)(const struct KX_(pkt) *p, __u8 dir)
+static __always_inline __u64 KX_(ct_flags_of)(const struct KX_(pkt) *p, __u8 dir, __u64 have)
 {
-	__u64 f = dir == KXLB_CT_DIR_REV ? KXLB_CT_F_REPLIED : 0;
+	__u64 f = 0;
 
+	if (dir == KXLB_CT_DIR_REV)
+		f |= KXLB_CT_F_REPLIED;
 	if (p->proto == IPPROTO_TCP) {
+		if (!(p->tcp_flags & TCP_SYN_))
+			f |= dir == KXLB_CT_DIR_REV ? KXLB_CT_F_REV_ACK : KXLB_CT_F_FWD_ACK;
 		if (p->tcp_flags & TCP_RST_)
 			f |= KXLB_CT_F_RST;
 		if (p->tcp_flags & TCP_FIN_)
 			f |= dir == KXLB_CT_DIR_REV ? KXLB_CT_F_FIN_REV : KXLB_CT_F_FIN_FWD;
+	} else if (dir == KXLB_CT_DIR_FWD && (have & KXLB_CT_F_REPLIED)) {
+		f |= KXLB_CT_F_FWD_ACK;   /* UDP: spoken to again after an answer */
 	}
 	return f;
 }
 
-/* An entry carries this packet if it is live, and (TCP) the packet is not a fresh SYN
- * reusing the ports of a closing flow: that one is a new connection. */
-static __always_inline int KX_(ct_usable)(const struct KX_(ct_entry) *e, const struct KX_(pkt) *p, __u64 now)
+/* A pure SYN on the ports of a closing flow opens a new connection: a fresh backend. */
+static __always_inline int KX_(ct_reopens)(const struct KX_(ct_flow) *f, const struct KX_(pkt) *p)
 {
-	if (!KX_(ct_live)(e, p->proto, now))
+	return p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_SYN_ | TCP_ACK_)) == TCP_SYN_ &&
+	       ct_closing(f->claim);
+}
+
+/* The live flow of socket `k`'s record to frontend front:fport (NULL: none). */
+static __always_inline struct KX_(ct_flow) *KX_(ct_way_to_front)(struct KX_(ct_entry) *rec, kx_addr_t front,
+								 __be16 fport, __u8 proto, __u32 now)
+{
+	__u64 want = KX_(ct_claim)(front, fport, 0);
+
+#pragma clang loop unroll(disable)
+	for (int i = 0; i < KXLB_CT_WAYS; i++) {
+		struct KX_(ct_flow) *f = &rec->flow[i];
+
+		if ((f->claim & CT_IDENT_MASK_) == want && KX_EQ(f->front_addr, front) && KX_(ct_live)(f, proto, now))
+			return f;
+	}
+	return NULL;
+}
+
+/* The record of client socket addr:port. */
+static __always_inline struct KX_(ct_entry) *KX_(ct_record)(kx_addr_t addr, __be16 port, __u8 proto)
+{
+	struct KX_(ct_key) k = {.addr = addr, .port = port, .proto = proto};
+
+	return KX_(ct_map).lookup(&k);
+}
+
+/* Forward lookup: the flow of client caddr:cport to frontend front:fport. */
+static __always_inline struct KX_(ct_flow) *KX_(ct_forward)(kx_addr_t caddr, __be16 cport, __u8 proto,
+							   kx_addr_t front, __be16 fport, __u32 now)
+{
+	struct KX_(ct_entry) *rec = KX_(ct_record)(caddr, cport, proto);
+
+	return rec ? KX_(ct_way_to_front)(rec, front, fport, proto, now) : NULL;
+}
+
+/* The live flow of client caddr:cport whose backend is baddr:bport and whose source port
+ * (as the backend sees it) is sport; `remapped`: a masqueraded or remapped flow (the
+ * reply came to a masquerade port), else one that kept the client's own port. */
+static __always_inline struct KX_(ct_flow) *KX_(ct_way_of_backend)(kx_addr_t caddr, __be16 cport, __u8 proto,
+								  kx_addr_t baddr, __be16 bport, __be16 sport,
+								  int remapped, __u32 now)
+{
+	struct KX_(ct_entry) *rec = KX_(ct_record)(caddr, cport, proto);
+	const __u64 moved = KXLB_CT_F_SNAT | KXLB_CT_F_REMAP | KXLB_CT_F_DIRECT;
+
+	if (!rec)
+		return NULL;
+#pragma clang loop unroll(disable)
+	for (int i = 0; i < KXLB_CT_WAYS; i++) {
+		struct KX_(ct_flow) *f = &rec->flow[i];
+
+		if (KX_EQ(f->backend_addr, baddr) && f->backend_port == bport && f->src_port == sport &&
+		    !(f->claim & moved) == !remapped && KX_(ct_live)(f, proto, now))
+			return f;
+	}
+	return NULL;
+}
+
+/* The masquerade range of lb_config (consts.h defaults when it sets none). */
+static __always_inline void KX_(masq_range)(const struct KX_(lb_config) *cfg, __u32 *lo, __u32 *span)
+{
+	*lo = KXLB_SRC_PORT_MIN;
+	*span = KXLB_SRC_PORT_MAX - KXLB_SRC_PORT_MIN + 1;
+	if (cfg && cfg->src_port_min && cfg->src_port_max >= cfg->src_port_min) {
+		*lo = cfg->src_port_min;
+		*span = cfg->src_port_max - cfg->src_port_min + 1;
+	}
+}
+
+static __always_inline int KX_(masq_way_taken)(const struct KX_(masq_way) *w, __u32 now, int flood)
+{
+	__u64 c = w->claim;
+
+	if (!(c & KXLB_MASQ_F_USED) || !tick_after(w->expires, now))
 		return 0;
-	if (p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_SYN_ | TCP_ACK_)) == TCP_SYN_ &&
-	    ct_closing(e->flags))
+	/* Under a flood: a port held by a flow that never got confirmed both ways is taken
+	 * back once it is a few ticks old (a spoofed SYN's SYN-ACK went nowhere). */
+	if (flood && !(c & KXLB_MASQ_F_CONFIRMED) && now - w->born >= KXLB_FLOOD_HALF_OPEN_TICKS)
 		return 0;
 	return 1;
 }
 
-/* The REV key of the 4-tuple a <-> b: the lower (address, port) endpoint first, so a
- * packet of either direction finds it. Raw (network order) values compare fine: any
- * fixed total order will do, and loader/conntrack.py uses the same one. */
-static __always_inline void KX_(ct_rev_key)(kx_addr_t a, __be16 pa, kx_addr_t b, __be16 pb, __u8 proto,
-					    struct KX_(ct_key) *k)
+/* Which way of a masquerade port a backend may hold: always the same one, so checking
+ * that a port is free for a backend (no other flow of it there: the 4-tuple it sees must
+ * be unique) and finding a reply's way each read one way, not every way of the port. */
+static __always_inline __u32 KX_(masq_way_index)(kx_addr_t peer, __be16 pport)
 {
-	int a_first = KX_LT(a, b) || (KX_EQ(a, b) && pa <= pb);
+	__u32 h = KX_FOLD(peer) ^ ((__u32)pport << 16);
 
-	k->saddr = a_first ? a : b;
-	k->sport = a_first ? pa : pb;
-	k->daddr = a_first ? b : a;
-	k->dport = a_first ? pb : pa;
-	k->proto = proto;
-	k->dir = KXLB_CT_DIR_REV;
-	k->pad = 0;
+	h ^= h >> 16;
+	h *= 0x45d9f3bu;
+	return (h >> 16) % KXLB_MASQ_WAYS;
 }
 
-static __always_inline void KX_(ct_fwd_key_of)(const struct KX_(ct_entry) *e, __u8 proto, struct KX_(ct_key) *k)
+/* The way of masquerade port `port` held by the flow with backend peer:pport (NULL:
+ * none). */
+static __always_inline struct KX_(masq_way) *KX_(masq_way_of)(__u32 port, kx_addr_t peer, __be16 pport,
+							      __u8 proto, __u32 now)
 {
-	k->saddr = e->client_addr;
-	k->sport = e->client_port;
-	k->daddr = e->front_addr;
-	k->dport = e->front_port;
-	k->proto = proto;
-	k->dir = KXLB_CT_DIR_FWD;
-	k->pad = 0;
+	struct KX_(masq_entry) *e = KX_(masq_map).lookup(&port);
+	__u32 j = KX_(masq_way_index)(peer, pport);
+	struct KX_(masq_way) *w;
+
+	if (!e || j >= KXLB_MASQ_WAYS)
+		return NULL;
+	w = &e->way[j];
+	if ((w->claim & ~(__u64)KXLB_MASQ_F_CONFIRMED) != KX_(masq_claim)(peer, pport, proto, KXLB_MASQ_F_USED) ||
+	    !KX_EQ(w->peer_addr, peer) || !tick_after(w->expires, now))
+		return NULL;
+	return w;
 }
 
-static __always_inline void KX_(ct_rev_key_of)(const struct KX_(ct_entry) *e, __u8 proto, struct KX_(ct_key) *k)
+/* A reply from backend baddr:bport to daddr:dport, where dport may be a masquerade port:
+ * its way names the client socket, and the flow is the one of that socket with this
+ * backend and source port. The destination must be the source the backend was shown:
+ * the masquerade address of a masqueraded flow, the client's own of a remapped one. */
+static __always_inline struct KX_(ct_flow) *KX_(masq_reply)(kx_addr_t baddr, __be16 bport, kx_addr_t daddr,
+							   __be16 dport, __u8 proto, const struct KX_(lb_config) *cfg,
+							   __u32 now, struct KX_(ct_key) *client)
 {
-	KX_(ct_rev_key)(e->backend_addr, e->backend_port, e->src_addr, e->src_port, proto, k);
+	__u32 lo, span, port = bpf_ntohs(dport);
+	struct KX_(masq_way) *w;
+	struct KX_(ct_flow) *f;
+
+	KX_(masq_range)(cfg, &lo, &span);
+	if (port - lo >= span)
+		return NULL;
+	w = KX_(masq_way_of)(port, baddr, bport, proto, now);
+	if (!w)
+		return NULL;
+	f = KX_(ct_way_of_backend)(w->client_addr, w->client_port, proto, baddr, bport, dport, 1, now);
+	if (!f)
+		return NULL;
+	if (f->claim & KXLB_CT_F_SNAT) {
+		if (!cfg || !KX_EQ(daddr, cfg->snat_addr))
+			return NULL;
+	} else if (!KX_EQ(daddr, w->client_addr)) {
+		return NULL;
+	}
+	client->addr = w->client_addr;
+	client->port = w->client_port;
+	client->proto = proto;
+	return f;
 }
 
-/* Both entries describe one flow: same client, frontend and backend. */
-static __always_inline int KX_(ct_same_flow)(const struct KX_(ct_entry) *a, const struct KX_(ct_entry) *b)
+/* Reply lookup: the flow whose backend baddr:bport sends to daddr:dport, through a
+ * masquerade port or to the client's own socket. `client` gets the client socket. */
+static __always_inline struct KX_(ct_flow) *KX_(ct_reply)(kx_addr_t baddr, __be16 bport, kx_addr_t daddr,
+							 __be16 dport, __u8 proto, const struct KX_(lb_config) *cfg,
+							 __u32 now, struct KX_(ct_key) *client)
 {
-	return KX_EQ(a->client_addr, b->client_addr) && a->client_port == b->client_port &&
-	       KX_EQ(a->front_addr, b->front_addr) && a->front_port == b->front_port &&
-	       KX_EQ(a->backend_addr, b->backend_addr) && a->backend_port == b->backend_port;
+	struct KX_(ct_flow) *f = KX_(masq_reply)(baddr, bport, daddr, dport, proto, cfg, now, client);
+
+	if (f)
+		return f;
+	f = KX_(ct_way_of_backend)(daddr, dport, proto, baddr, bport, dport, 0, now);
+	if (f) {
+		client->addr = daddr;
+		client->port = dport;
+		client->proto = proto;
+	}
+	return f;
 }
 
-/* Refresh the flow's other entry with this one (adding `flags`), or put it back if the
- * LRU evicted it. A key that another live flow took meanwhile is left to that flow. */
-static __always_inline void KX_(ct_refresh_peer)(const struct KX_(ct_key) *k, struct KX_(ct_entry) *e,
-					    __u64 flags, __u64 now)
+/* Account a packet to its flow: new state flags into its claim at once (an atomic OR);
+ * otherwise its time, at most once a tick (the cache line stays shared between CPUs in
+ * between). A masqueraded or remapped flow's port is kept taken as long: its way is
+ * refreshed with it, and marked confirmed once the flow is. */
+static __always_inline void KX_(ct_touch)(struct KX_(ct_flow) *f, const struct KX_(pkt) *p, __u8 dir, __u32 now)
 {
-	struct KX_(ct_key) pk;
-	struct KX_(ct_entry) *pe;
+	__u64 have = f->claim;
+	__u64 add = KX_(ct_flags_of)(p, dir, have) & ~have;
 
-	if (k->dir == KXLB_CT_DIR_FWD)
-		KX_(ct_rev_key_of)(e, k->proto, &pk);
-	else
-		KX_(ct_fwd_key_of)(e, k->proto, &pk);
-	pe = KX_(ct_map).lookup(&pk);
-	if (pe) {
-		if (!KX_(ct_same_flow)(pe, e))
-			return;
-		if (flags)
-			__sync_fetch_and_or(&pe->flags, flags);
-		if (pe->last_ns < now)
-			pe->last_ns = now;
+	if (!add && f->last == now)
 		return;
-	}
-	/* The callers stamped e->last_ns = now already: e is the peer's value as it is. */
-	if (KX_(ct_map).insert(&pk, e) == 0)
-		stat_inc(KXLB_ST_CT_PEER);
-}
-
-/* Account a packet to its flow: new state flags into both entries at once; otherwise
- * a refresh of both, at most every KXLB_CT_REFRESH_S (the cache line stays shared
- * between CPUs in between). */
-static __always_inline void KX_(ct_touch)(const struct KX_(ct_key) *k, struct KX_(ct_entry) *e,
-				     const struct KX_(pkt) *p, __u64 now)
-{
-	__u64 add = KX_(ct_flags_of)(p, k->dir) & ~e->flags;
-
-	if (add) {
-		__sync_fetch_and_or(&e->flags, add);
-		e->last_ns = now;
-		KX_(ct_refresh_peer)(k, e, add, now);
+	if (add)
+		__sync_fetch_and_or(&f->claim, add);
+	f->last = now;
+	if (!(have & (KXLB_CT_F_SNAT | KXLB_CT_F_REMAP | KXLB_CT_F_DIRECT)))
 		return;
-	}
-	if (now > e->last_ns + KXLB_CT_REFRESH_S * NSEC_PER_SEC_) {
-		e->last_ns = now;
-		KX_(ct_refresh_peer)(k, e, 0, now);
-	}
+	struct KX_(masq_way) *w = KX_(masq_way_of)(bpf_ntohs(f->src_port), f->backend_addr, f->backend_port,
+						   p->proto, now);
+	if (!w)
+		return;
+	w->expires = now + masq_hold(p->proto, have | add);
+	if (add && !ct_confirmed(p->proto, have) && ct_confirmed(p->proto, have | add))
+		__sync_fetch_and_or(&w->claim, KXLB_MASQ_F_CONFIRMED);
 }
 
-/* A REV entry whose 4-tuple the client now uses to reach the backend directly: its
- * flow is over (the client's socket moved on), so the entry must not rewrite the
- * backend's answers. Its FWD peer goes with it. */
-static __always_inline void KX_(ct_forget)(const struct KX_(ct_key) *k, const struct KX_(ct_entry) *e)
+/* Claim a masquerade port for a new flow to backend peer:pport of client caddr:cport:
+ * up to KXLB_SRC_PORT_TRIES random ports of the range; on each, the backend's own way
+ * (masq_way_index): free, or held by a flow that is over (or, under a flood, by a
+ * half-open one), it is taken with compare-and-swap, so of two CPUs claiming it one wins
+ * and the other goes on. That way free means no flow to this backend holds the port: the
+ * 4-tuple the backend sees is unique. Returns the port (host order), 0 when none was
+ * free. */
+static __always_inline __u32 KX_(masq_take)(kx_addr_t peer, __be16 pport, __u8 proto, kx_addr_t caddr,
+					    __be16 cport, const struct KX_(lb_config) *cfg, __u32 now)
 {
-	struct KX_(ct_key) fk;
-	struct KX_(ct_entry) *fe;
+	__u64 mine = KX_(masq_claim)(peer, pport, proto, KXLB_MASQ_F_USED);
+	__u32 j = KX_(masq_way_index)(peer, pport);
+	__u32 lo, span;
+	int flood = masq_flood(now);
 
-	KX_(ct_fwd_key_of)(e, k->proto, &fk);
-	fe = KX_(ct_map).lookup(&fk);
-	if (fe && KX_(ct_same_flow)(fe, e))
-		KX_(ct_map).delete(&fk);
-	KX_(ct_map).delete((struct KX_(ct_key) *)k);
-	stat_inc(KXLB_ST_CT_STALE);
-}
+	KX_(masq_range)(cfg, &lo, &span);
+#pragma clang loop unroll(disable)
+	for (__u32 i = 0; i < KXLB_SRC_PORT_TRIES; i++) {
+		/* Each try an independent random port: a probe sequence shared by every flow
+		 * (a fixed stride) clusters taken ports, and a nearly full range then fails
+		 * with ports free; independent tries fail with probability fill^tries. */
+		__u32 port = lo + bpf_get_prandom_u32() % span;
+		struct KX_(masq_entry) *e = KX_(masq_map).lookup(&port);
 
-/* Track a new flow: REV first (it decides the source the backend sees), then FWD.
- * The REV key must be free: another live flow may hold the same backend <-> source
- * 4-tuple (one client port reaching two frontends that share a backend, or a
- * masquerade port in use). Then the source port is remapped to one of the range in
- * lb_config, tried in an order that follows the flow hash, so two CPUs creating the
- * same flow at once meet on the same port (an entry of the same flow is taken over).
- * A masqueraded flow never keeps the client's port: the node's own sockets could hold
- * it. Returns 0, -1 when the table refused an entry, -2 when no port was free. */
-static __always_inline int KX_(ct_create)(const struct KX_(ct_key) *fk, const struct KX_(pkt) *p,
-				     const struct KX_(backend) *be, __u32 svc_id, kx_addr_t masq_addr,
-				     __u32 hash, const struct KX_(lb_config) *cfg, __u64 now,
-				     struct KX_(ct_entry) *out)
-{
-	/* Built in the caller's buffer, which the plan is then made from: one entry on the
-	 * stack, not two. */
-	out->last_ns = now;
-	out->flags = KX_(ct_flags_of)(p, KXLB_CT_DIR_FWD) | (KX_ZERO(masq_addr) ? 0 : KXLB_CT_F_SNAT);
-	out->client_addr = p->saddr;
-	out->front_addr = p->daddr;
-	out->backend_addr = be->addr;
-	out->src_addr = KX_ZERO(masq_addr) ? p->saddr : masq_addr;
-	out->client_port = p->sport;
-	out->front_port = p->dport;
-	out->backend_port = be->port;
-	out->src_port = p->sport;
-	out->svc_id = svc_id;
-	out->created_s = now / NSEC_PER_SEC_;
-	__u32 lo = KXLB_SRC_PORT_MIN, span = KXLB_SRC_PORT_MAX - KXLB_SRC_PORT_MIN + 1;
-	struct KX_(ct_key) rk;
-	struct KX_(ct_entry) *old;
-	int i;
-
-	/* Remixed: the flow hash also picked the backend slot (hash % count), and ports
-	 * taken straight from it would crowd into a fraction of the range per backend. */
-	hash = kx_rol32(hash, 13) ^ (hash * 0x9e3779b1u);
-	if (cfg && cfg->src_port_min && cfg->src_port_max >= cfg->src_port_min) {
-		lo = cfg->src_port_min;
-		span = cfg->src_port_max - cfg->src_port_min + 1;
-	}
-	for (i = KX_ZERO(masq_addr) ? 0 : 1; i <= KXLB_SRC_PORT_TRIES; i++) {
-		if (i > 0) {
-			out->src_port = bpf_htons(lo + (hash + (__u32)(i - 1) * 7919) % span);
-			if (KX_ZERO(masq_addr))
-				out->flags |= KXLB_CT_F_REMAP;
-		}
-		KX_(ct_rev_key_of)(out, p->proto, &rk);
-		if (KX_(ct_map).insert(&rk, out) == 0)
-			break;
-		old = KX_(ct_map).lookup(&rk);
-		if (!old || KX_(ct_same_flow)(old, out) || !KX_(ct_live)(old, p->proto, now)) {
-			if (KX_(ct_map).update(&rk, out) != 0)
-				return -1;
-			break;
-		}
-	}
-	if (i > KXLB_SRC_PORT_TRIES)
-		return -2;
-	if (out->flags & KXLB_CT_F_REMAP)
-		stat_inc(KXLB_ST_CT_REMAP);
-	if (KX_(ct_map).update((struct KX_(ct_key) *)fk, out) != 0) {
-		KX_(ct_map).delete(&rk);
-		return -1;
+		if (!e || j >= KXLB_MASQ_WAYS)
+			continue;
+		struct KX_(masq_way) *w = &e->way[j];
+		__u64 old = w->claim;
+		if (KX_(masq_way_taken)(w, now, flood))
+			continue;
+		if (__sync_val_compare_and_swap(&w->claim, old, mine) != old)
+			continue;   /* another CPU took it first */
+		if (old & KXLB_MASQ_F_USED && tick_after(w->expires, now))
+			stat_inc(KXLB_ST_SNAT_RECLAIM);
+		w->peer_addr = peer;
+		w->client_addr = caddr;
+		w->client_port = cport;
+		w->born = now;
+		w->expires = now + masq_hold(proto, 0);
+		return port;
 	}
 	return 0;
+}
+
+/* Give a claimed port back (the flow that took it was not created after all). */
+static __always_inline void KX_(masq_release)(__u32 port, kx_addr_t peer, __be16 pport, __u8 proto, __u32 now)
+{
+	struct KX_(masq_way) *w = KX_(masq_way_of)(port, peer, pport, proto, now);
+
+	if (w)
+		w->expires = now;
+}
+
+/* Does the record hold a live flow whose replies would come from be:port to the client's
+ * own port? A new flow to the same backend must then be remapped, or its replies and the
+ * other flow's could not be told apart (one UDP socket asking two DNS Services that share
+ * a backend). */
+static __always_inline int KX_(ct_backend_in_use)(const struct KX_(ct_entry) *rec, kx_addr_t baddr, __be16 bport,
+						  __u8 proto, __u32 now)
+{
+	const __u64 moved = KXLB_CT_F_SNAT | KXLB_CT_F_REMAP | KXLB_CT_F_DIRECT;
+
+#pragma clang loop unroll(disable)
+	for (int i = 0; i < KXLB_CT_WAYS; i++) {
+		const struct KX_(ct_flow) *f = &rec->flow[i];
+
+		if (KX_EQ(f->backend_addr, baddr) && f->backend_port == bport && !(f->claim & moved) &&
+		    KX_(ct_live)(f, proto, now))
+			return 1;
+	}
+	return 0;
+}
+
+/* Write flow `nf` (claim included) into the record: a way of this frontend being
+ * reopened, else a free or dead way, taken with compare-and-swap. Returns the way, or
+ * NULL when every way holds a live flow of another frontend. */
+static __always_inline struct KX_(ct_flow) *KX_(ct_add_way)(struct KX_(ct_entry) *rec,
+							   const struct KX_(ct_flow) *nf, __u8 proto, __u32 now)
+{
+#pragma clang loop unroll(disable)
+	for (int i = 0; i < KXLB_CT_WAYS; i++) {
+		struct KX_(ct_flow) *f = &rec->flow[i];
+		__u64 old = f->claim;
+		int same = (old & CT_IDENT_MASK_) == (nf->claim & CT_IDENT_MASK_) && KX_EQ(f->front_addr, nf->front_addr);
+
+		if (KX_(ct_live)(f, proto, now) && !(same && ct_closing(old)))
+			continue;
+		if (__sync_val_compare_and_swap(&f->claim, old, nf->claim) != old)
+			continue;
+		f->front_addr = nf->front_addr;
+		f->backend_addr = nf->backend_addr;
+		f->backend_port = nf->backend_port;
+		f->src_port = nf->src_port;
+		f->last = nf->last;
+		f->svc_id = nf->svc_id;
+		return f;
+	}
+	return NULL;
+}
+
+/* Track a new flow of the packet's client socket to backend `be`, masqueraded to
+ * masq_addr (zero: not). Its source port is the client's own, unless it is masqueraded
+ * (the node's own sockets may hold the client's port) or its replies could not be told
+ * from another flow's (the same backend on the client's own port): then one of
+ * masq_map. The record is inserted with BPF_NOEXIST, no lookup before a first flow; the
+ * loser of a two-CPU race for it re-reads it, and a flow another CPU created meanwhile is
+ * taken as it is. `rec`: the socket's record as the caller looked it up (NULL: none).
+ * `scratch` is the caller's buffer for a new record; `out` gets the flow
+ * (to plan the packet's rewrite from). Returns 0, -1 (conntrack full: every way of the
+ * socket's record live) or -2 (no masquerade port free). */
+static __always_inline int KX_(ct_create)(const struct KX_(pkt) *p, struct KX_(ct_entry) *rec,
+					  const struct KX_(backend) *be, __u32 svc_id, kx_addr_t masq_addr,
+					  const struct KX_(lb_config) *cfg, __u32 now, struct KX_(ct_entry) *scratch,
+					  struct KX_(ct_flow) *out)
+{
+	struct KX_(ct_key) k = {.addr = p->saddr, .port = p->sport, .proto = p->proto};
+	struct KX_(ct_flow) *f;
+	__u64 flags = KXLB_CT_F_USED | KX_(ct_flags_of)(p, KXLB_CT_DIR_FWD, 0);
+	__u32 port = 0;
+
+	if (rec) {
+		f = KX_(ct_way_to_front)(rec, p->daddr, p->dport, p->proto, now);
+		if (f && !KX_(ct_reopens)(f, p)) {
+			*out = *f;   /* created by another CPU meanwhile (or a retransmitted first packet) */
+			return 0;
+		}
+	}
+	if (!KX_ZERO(masq_addr)) {
+		flags |= KXLB_CT_F_SNAT;
+	} else if (rec && KX_(ct_backend_in_use)(rec, be->addr, be->port, p->proto, now)) {
+		flags |= KXLB_CT_F_REMAP;
+		stat_inc(KXLB_ST_CT_REMAP);
+	}
+	__builtin_memset(out, 0, sizeof(*out));
+	out->claim = KX_(ct_claim)(p->daddr, p->dport, flags);
+	out->front_addr = p->daddr;
+	out->backend_addr = be->addr;
+	out->backend_port = be->port;
+	out->src_port = p->sport;
+	out->last = now;
+	out->svc_id = svc_id;
+	if (flags & (KXLB_CT_F_SNAT | KXLB_CT_F_REMAP)) {
+		port = KX_(masq_take)(be->addr, be->port, p->proto, p->saddr, p->sport, cfg, now);
+		if (!port)
+			return -2;
+		out->src_port = bpf_htons(port);
+	}
+	if (!rec) {
+		__builtin_memset(scratch, 0, sizeof(*scratch));
+		scratch->flow[0] = *out;
+		if (KX_(ct_map).insert(&k, scratch) == 0)
+			return 0;
+		rec = KX_(ct_map).lookup(&k);  /* another CPU inserted the record first */
+	}
+	if (rec && KX_(ct_add_way)(rec, out, p->proto, now))
+		return 0;
+	if (port)
+		KX_(masq_release)(port, be->addr, be->port, p->proto, now);
+	return -1;
+}
+
+/* Direct traffic on a flow's reply tuple: the client's socket now sends to a backend of
+ * one of its live flows directly (not through a frontend), on its own port. The
+ * backend's answers to it and to the flow would look the same; as Linux's NAT gives such
+ * a connection a source port of its own (nf_nat's null binding), the direct one is
+ * remapped: a flow whose frontend is the backend itself, through masq_map. `rec`: the
+ * client socket's record. Returns the flow, or NULL when the packet needs nothing (or no
+ * port was free: then it passes as it is). */
+static __always_inline struct KX_(ct_flow) *KX_(ct_direct)(const struct KX_(pkt) *p, struct KX_(ct_entry) *rec,
+							  const struct KX_(lb_config) *cfg, __u32 now)
+{
+	struct KX_(ct_flow) nf = {};
+	struct KX_(ct_flow) *f;
+	__u32 port;
+
+	if (!rec || !KX_(ct_backend_in_use)(rec, p->daddr, p->dport, p->proto, now))
+		return NULL;
+	port = KX_(masq_take)(p->daddr, p->dport, p->proto, p->saddr, p->sport, cfg, now);
+	if (!port)
+		return NULL;
+	nf.claim = KX_(ct_claim)(p->daddr, p->dport,
+				 KXLB_CT_F_USED | KXLB_CT_F_DIRECT | KX_(ct_flags_of)(p, KXLB_CT_DIR_FWD, 0));
+	nf.front_addr = p->daddr;
+	nf.backend_addr = p->daddr;
+	nf.backend_port = p->dport;
+	nf.src_port = bpf_htons(port);
+	nf.last = now;
+	f = KX_(ct_add_way)(rec, &nf, p->proto, now);
+	if (!f) {
+		KX_(masq_release)(port, p->daddr, p->dport, p->proto, now);
+		return NULL;
+	}
+	stat_inc(KXLB_ST_CT_DIRECT);
+	return f;
 }
 
 #endif

@@ -83,47 +83,52 @@ static __always_inline int KX_(not_a_service)(void *data, void *data_end, const 
 	return LB_PASS;
 }
 
-/* The rewrite a conntrack entry prescribes for a packet of its direction (maps.h):
- * forward client:port -> front:port becomes src:src_port -> backend:port, and replies
- * the reverse. Fields that keep their value cost nothing (nat.h). */
-static __always_inline void KX_(ct_plan)(__u8 dir, const struct KX_(ct_entry) *e, const struct KX_(pkt) *p,
+/* The rewrite a flow prescribes for a packet of its direction (maps.h struct ct_flow):
+ * forward client:port -> front:port becomes src:src_port -> backend:port (src the
+ * masquerade address of a masqueraded flow, else the client's), and replies the reverse,
+ * to `client`. Fields that keep their value cost nothing (nat.h). */
+static __always_inline void KX_(ct_plan)(__u8 dir, const struct KX_(ct_flow) *f, const struct KX_(ct_key) *client,
+					 const struct KX_(lb_config) *cfg, const struct KX_(pkt) *p,
 					 struct KX_(nat_plan) *n)
 {
 	KX_(nat_plan_init)(n, p);
 	if (dir == KXLB_CT_DIR_FWD) {
-		n->saddr_new = e->src_addr;
-		n->sport_new = e->src_port;
-		n->daddr_new = e->backend_addr;
-		n->dport_new = e->backend_port;
+		if ((f->claim & KXLB_CT_F_SNAT) && cfg)
+			n->saddr_new = cfg->snat_addr;
+		n->sport_new = f->src_port;
+		n->daddr_new = f->backend_addr;
+		n->dport_new = f->backend_port;
 	} else {
-		n->saddr_new = e->front_addr;
-		n->sport_new = e->front_port;
-		n->daddr_new = e->client_addr;
-		n->dport_new = e->client_port;
+		n->saddr_new = f->front_addr;
+		n->sport_new = KX_(ct_front_port)(f);
+		n->daddr_new = client->addr;
+		n->dport_new = client->port;
 	}
 }
 
-/* Translate a packet of a tracked flow with its conntrack entry. */
-static __always_inline int KX_(ct_translate)(const struct KX_(ct_key) *k, struct KX_(ct_entry) *e,
-					     const struct KX_(pkt) *p, __u64 now, struct KX_(nat_plan) *n)
+/* Translate a packet of a tracked flow. */
+static __always_inline int KX_(ct_translate)(__u8 dir, struct KX_(ct_flow) *f, const struct KX_(ct_key) *client,
+					     const struct KX_(lb_config) *cfg, const struct KX_(pkt) *p, __u32 now,
+					     struct KX_(nat_plan) *n)
 {
-	KX_(ct_touch)(k, e, p, now);
-	KX_(ct_plan)(k->dir, e, p, n);
-	svc_account(e->svc_id, k->dir, p->len, 0);
-	stat_inc(k->dir == KXLB_CT_DIR_FWD ? KXLB_ST_CT_FWD : KXLB_ST_CT_REV);
+	KX_(ct_touch)(f, p, dir, now);
+	KX_(ct_plan)(dir, f, client, cfg, p, n);
+	svc_account(f->svc_id, dir, p->len, 0);
+	stat_inc(dir == KXLB_CT_DIR_FWD ? KXLB_ST_CT_FWD : KXLB_ST_CT_REV);
 	KX_(frag_remember)(p, n);
 	return LB_NAT;
 }
 
 /* What one packet's journey works in: the parsed packet, the plan, the reject's saved
- * headers and a new flow's conntrack entry. IPv4 keeps it on the stack; IPv6's is too
- * big for the 512-byte stack beside the rest and lives in a per-CPU map (one lookup
- * per packet). */
+ * headers, a new flow (and the record it may need). IPv4 keeps it on the stack; IPv6's
+ * is too big for the 512-byte stack beside the rest and lives in a per-CPU map (one
+ * lookup per packet). */
 struct KX_(lb_scratch) {
 	struct KX_(pkt) p;
 	struct KX_(nat_plan) n;
 	struct KX_(reject_info) ri;
-	struct KX_(ct_entry) fe;
+	struct KX_(ct_flow) flow;
+	struct KX_(ct_entry) rec;
 };
 
 /* The hooks declare KX_SCRATCH_ON_STACK_DECL and take their scratch from here: the
@@ -159,9 +164,12 @@ static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len
 	struct KX_(pkt) *p = &s->p;
 	struct KX_(nat_plan) *n = &s->n;
 	struct KX_(reject_info) *ri = &s->ri;
-	struct KX_(ct_entry) *e;
+	struct KX_(lb_config) *cfg;
+	struct KX_(ct_entry) *rec;
+	struct KX_(ct_flow) *f;
+	struct KX_(ct_key) client;
 	struct svc_value *svp;
-	__u64 now;
+	__u32 now;
 
 	switch (KX_(parse_ip)(data, data_end, len, p)) {
 	case PARSE_OK:
@@ -184,8 +192,8 @@ static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len
 		return LB_PASS;
 	}
 
+	now = ct_now();
 	if (p->proto == KX_IPPROTO_ICMP) {
-		now = ct_now();
 		if (!p->frag && KX_(icmp_error_nat)(data, data_end, p, now)) {
 			stat_inc(KXLB_ST_ICMP_NAT);
 			return LB_DONE;
@@ -199,27 +207,39 @@ static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
 		return KX_(not_a_service)(data, data_end, p, ri);
 
-	/* 1. Client packet of a tracked flow: its backend is already decided. */
-	struct KX_(ct_key) k = {.saddr = p->saddr, .daddr = p->daddr, .sport = p->sport,
-				.dport = p->dport, .proto = p->proto, .dir = KXLB_CT_DIR_FWD};
-	e = KX_(ct_map).lookup(&k);
-	now = e ? ct_now() : 0; /* the clock only when an entry is there to judge */
-	if (e && KX_(ct_usable)(e, p, now))
-		return KX_(ct_translate)(&k, e, p, now, n);
+	/* 1. A client packet of a tracked flow: the record of its source socket, the way of
+	 * its frontend. Its backend is decided already. */
+	client.addr = p->saddr;
+	client.port = p->sport;
+	client.proto = p->proto;
+	client.pad = 0;
+	cfg = KX_(lb_config_get)();
+	rec = KX_(ct_map).lookup(&client);
+	if (rec) {
+		f = KX_(ct_way_to_front)(rec, p->daddr, p->dport, p->proto, now);
+		if (f && !KX_(ct_reopens)(f, p))
+			return KX_(ct_translate)(KXLB_CT_DIR_FWD, f, &client, cfg, p, now, n);
+	}
 
-	/* 2. New flow to a service frontend. */
+	/* 2. A reply to a masquerade port: before the frontends, so a reply is never taken
+	 * for a new flow (the masquerade range holds no frontend port of a node address). */
+	struct KX_(ct_key) to;
+	f = KX_(masq_reply)(p->saddr, p->sport, p->daddr, p->dport, p->proto, cfg, now, &to);
+	if (f)
+		return KX_(ct_translate)(KXLB_CT_DIR_REV, f, &to, cfg, p, now, n);
+
+	/* 3. New flow to a service frontend. */
 	struct KX_(svc_key) sk = {.vip = p->daddr, .port = p->dport, .proto = p->proto};
+	__u32 hash = flow_hash(KX_FOLD(p->saddr), KX_FOLD(p->daddr), ((__u32)p->sport << 16) | p->dport,
+			       KXLB_HASH_SEED ^ p->proto);
 	svp = KX_(svc_map).lookup(&sk);
 	if (svp) {
 		struct svc_value sv = *svp; /* one snapshot: sizes and gen together */
-		struct KX_(lb_config) *cfg = KX_(lb_config_get)();
-		struct KX_(lb_flow) f = {.client = p->saddr, .origin = KX_(packet_origin)(cfg, &p->saddr),
-					 .hash = flow_hash(KX_FOLD(p->saddr), KX_FOLD(p->daddr),
-							   ((__u32)p->sport << 16) | p->dport,
-							   KXLB_HASH_SEED ^ p->proto)};
+		struct KX_(lb_flow) lf = {.client = p->saddr, .origin = KX_(packet_origin)(cfg, &p->saddr),
+					  .hash = hash};
 		struct KX_(lb_choice) c = {};
 
-		switch (KX_(lb_decide)(&sk, &sv, &f, cfg, &c)) {
+		switch (KX_(lb_decide)(&sk, &sv, &lf, cfg, &c)) {
 		case LB_DEC_BACKEND:
 			break;
 		case LB_DEC_REJECT:
@@ -227,34 +247,35 @@ static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len
 		default:
 			return LB_DROP;
 		}
-		if (!now)
-			now = ct_now();
-		struct KX_(ct_entry) *fe = &s->fe;
-		int err = KX_(ct_create)(&k, p, &c.be, sv.svc_id, c.snat, f.hash, cfg, now, fe);
+		int err = KX_(ct_create)(p, rec, &c.be, sv.svc_id, c.snat, cfg, now, &s->rec, &s->flow);
 		if (err < 0) {
 			stat_inc(err == -2 ? KXLB_ST_SNAT_NO_PORT : KXLB_ST_CT_FULL);
 			return LB_DROP;
 		}
-		KX_(ct_plan)(KXLB_CT_DIR_FWD, fe, p, n); /* as the entry just written says */
+		KX_(ct_plan)(KXLB_CT_DIR_FWD, &s->flow, &client, cfg, p, n); /* as the flow just made says */
 		svc_account(sv.svc_id, KXLB_CT_DIR_FWD, len, 1);
 		stat_inc(KX_ZERO(c.snat) ? KXLB_ST_NEW_FLOW : KXLB_ST_SNAT);
 		KX_(frag_remember)(p, n);
 		return LB_NAT;
 	}
 
-	/* 3. A translated 4-tuple (canonical REV key): from the backend, a reply to bring
-	 * back to frontend:port; from the other side, the client talking to the backend
-	 * directly, so the entry outlived its flow and must not touch the answers. */
-	KX_(ct_rev_key)(p->saddr, p->sport, p->daddr, p->dport, p->proto, &k);
-	e = KX_(ct_map).lookup(&k);
-	if (e) {
-		if (!now)
-			now = ct_now();
-		if (KX_(ct_live)(e, p->proto, now)) {
-			if (KX_(ct_from_backend)(e, p))
-				return KX_(ct_translate)(&k, e, p, now, n);
-			KX_(ct_forget)(&k, e);
-		}
+	/* 4. A reply to a client's own socket: the record of the packet's destination, the
+	 * way of its backend. */
+	f = KX_(ct_way_of_backend)(p->daddr, p->dport, p->proto, p->saddr, p->sport, p->dport, 0, now);
+	if (f) {
+		to.addr = p->daddr;
+		to.port = p->dport;
+		to.proto = p->proto;
+		return KX_(ct_translate)(KXLB_CT_DIR_REV, f, &to, cfg, p, now, n);
+	}
+
+	/* 5. The client talking to one of its flows' backends directly, on its own port: that
+	 * flow's replies and this traffic's would look alike; this one gets a port of its own
+	 * (ct_direct). */
+	if (rec) {
+		f = KX_(ct_direct)(p, rec, cfg, now);
+		if (f)
+			return KX_(ct_translate)(KXLB_CT_DIR_FWD, f, &client, cfg, p, now, n);
 	}
 
 	return KX_(not_a_service)(data, data_end, p, ri);
@@ -298,16 +319,16 @@ static __always_inline int KX_(lb_tc)(struct __sk_buff *skb)
 /* A packet this node sends from its own address may be the reply of one of its
  * host-network backends (a hostNetwork pod, a process of the node): a flow's packets
  * were delivered to it locally, translated at ingress, and its replies start in the
- * node's own stack, so no ingress hook sees them. The flow's REV entry translates them
- * as step 3 of lb_process() would (backend:port -> front:port, to the client), and the
- * datagram's later fragments follow its first. Only the node's own address can be such
- * a source: every other packet costs one comparison. */
+ * node's own stack, so no ingress hook sees them. Its flow translates them as step 4 of
+ * lb_process() would (backend:port -> front:port, to the client), and the datagram's
+ * later fragments follow its first. Only the node's own address can be such a source:
+ * every other packet costs one comparison. */
 static __always_inline int KX_(local_reply_plan)(const struct KX_(pkt) *p, struct KX_(nat_plan) *n)
 {
 	struct KX_(lb_config) *cfg = KX_(lb_config_get)();
-	struct KX_(ct_entry) *e;
-	struct KX_(ct_key) k;
-	__u64 now;
+	struct KX_(ct_flow) *f;
+	struct KX_(ct_key) to;
+	__u32 now;
 
 	if (!cfg || !KX_EQ(p->saddr, *KX_(lb_node_addr)(cfg)))
 		return LB_PASS;
@@ -315,14 +336,11 @@ static __always_inline int KX_(local_reply_plan)(const struct KX_(pkt) *p, struc
 		return KX_(frag_follow)(p, n);
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
 		return LB_PASS;
-	KX_(ct_rev_key)(p->saddr, p->sport, p->daddr, p->dport, p->proto, &k);
-	e = KX_(ct_map).lookup(&k);
-	if (!e || !KX_(ct_from_backend)(e, p))
-		return LB_PASS; /* not a reply: the node talking to the flow's source itself */
 	now = ct_now();
-	if (!KX_(ct_live)(e, p->proto, now))
-		return LB_PASS;
-	return KX_(ct_translate)(&k, e, p, now, n);
+	f = KX_(ct_reply)(p->saddr, p->sport, p->daddr, p->dport, p->proto, cfg, now, &to);
+	if (!f)
+		return LB_PASS; /* not a reply: the node talking to a client itself */
+	return KX_(ct_translate)(KXLB_CT_DIR_REV, f, &to, cfg, p, now, n);
 }
 
 /* tc egress: what the node itself sends about translated flows.

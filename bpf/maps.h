@@ -91,52 +91,71 @@ struct maglev_chunk {
 	__u16 slot[KXLB_MAGLEV_CHUNK];
 };
 
-/* ct_map key. A flow has two entries, which carry the same value (struct ct_entry):
- *  - FWD, keyed exactly as the client sends: client -> frontend;
- *  - REV, keyed by the translated 4-tuple the backend sees: backend <-> source
- *    (the client's own address and port, or the ones it was given: masquerade,
- *    collision remap). This key is stored in canonical order, the lower (address,
- *    port) endpoint in saddr/sport (ct.h ct_rev_key()), so one lookup finds it for a
- *    packet of either direction of that 4-tuple: from the backend it is a reply to
- *    translate; from the source side it means the client now talks to the backend
- *    directly (the REV entry outlived its flow) and the entry is dropped, so a stale
- *    entry never rewrites traffic that is not a reply. */
+/* ct_map (layout 2): conntrack, one record per client socket (address, port, protocol).
+ * Why the client socket: a flow's forward packets carry it as their source, and a reply
+ * that is not masqueraded or remapped carries it as its destination, so one lookup with
+ * one 8-byte key finds the flow from either direction, both directions live and die
+ * together by construction, and an LRU eviction removes whole flows. (Layout 1 kept two
+ * entries per flow, one per direction, and paid a second insert for every new flow.)
+ * A record holds up to KXLB_CT_WAYS flows of its socket: one UDP socket asking several
+ * VIPs, or a port the kernel reused towards several destinations at once.
+ * Masqueraded and remapped flows' replies come to a port of the masquerade port table
+ * (masq_map below), whose way names the client socket. */
 struct ct_key {
-	__be32 saddr;
-	__be32 daddr;
-	__be16 sport;
-	__be16 dport;
+	__be32 addr;      /* the client: the source of its forward packets */
+	__be16 port;
 	__u8   proto;
-	__u8   dir;       /* KXLB_CT_DIR_* */
-	__u16  pad;
+	__u8   pad;
 };
 
-/* ct_map value: the whole flow, identical in its FWD and REV entries, so either one
- * can rebuild the other (ct.h recreates a peer the LRU evicted) and the translation
- * never depends on svc_map or backend_map again: a flow keeps its backend when the
- * backend leaves the service or the service is deleted, as Linux conntrack does under
- * kube-proxy.
- * Forward packets: client:port -> front:port becomes src:src_port -> backend:port.
- * Replies: backend:port -> src:src_port becomes front:port -> client:port.
- * src is the client's own address unless masqueraded (KXLB_CT_F_SNAT); src_port is the
- * client's own port unless masqueraded or remapped (a collision, KXLB_CT_F_REMAP).
- * Lifetime: the entry is live until last_ns + ct_lifetime(flags) (ct.h). Both entries
- * of a flow are refreshed together and carry the same flags, set with atomic ORs so
- * two CPUs never lose a FIN or RST. */
-struct ct_entry {
-	__u64  last_ns;      /* CLOCK_MONOTONIC_COARSE of the flow's last packet (either way),
-			      * written at most every KXLB_CT_REFRESH_S */
-	__u64  flags;        /* KXLB_CT_F_*: 64 bits for the BPF atomic OR */
-	__be32 client_addr;
+/* One flow of a client socket. `claim` identifies it and holds its state in one word,
+ * which a new flow claims with compare-and-swap and a packet updates with an atomic OR
+ * (ct.tmpl.h ct_claim()): the frontend (its address folded to 32 bits, its port) and the
+ * KXLB_CT_F_* flags in the low 16 bits (KXLB_CT_F_USED always: 0 is a free way). Forward
+ * packets client:port -> front:port become src:src_port -> backend:port, where src is the
+ * client (or the masquerade address, KXLB_CT_F_SNAT); replies the reverse. A flow keeps
+ * its backend when the backend leaves the service or the service is deleted, as Linux
+ * conntrack does under kube-proxy: nothing here points back to svc_map or backend_map. */
+struct ct_flow {
+	__u64  claim;
 	__be32 front_addr;   /* the frontend the client addressed (cluster IP, node, ...) */
 	__be32 backend_addr;
-	__be32 src_addr;     /* the source the backend sees */
-	__be16 client_port;
-	__be16 front_port;
 	__be16 backend_port;
-	__be16 src_port;
+	__be16 src_port;     /* the source port the backend sees: the client's own unless
+			      * masqueraded or remapped (then a port of masq_map) */
+	__u32  last;         /* tick (consts.h KXLB_TICK_SHIFT) of the flow's last packet */
 	__u32  svc_id;       /* for per-service counters */
-	__u32  created_s;    /* creation time, seconds of CLOCK_MONOTONIC_COARSE */
+	__u32  pad;
+};
+
+struct ct_entry {
+	struct ct_flow flow[KXLB_CT_WAYS];
+};
+
+/* masq_map (array, index: the port): the masquerade port table. A masqueraded flow
+ * (source: the node's address) or a remapped one (its client's own address, another
+ * port) owns a way of one port P, which makes (P, backend, protocol) unique without a map
+ * insert; a reply to P is looked up here before anything else (no frontend on a node
+ * address is ever in the masquerade range), and the way names the client socket whose
+ * ct_map record holds the flow. A port carries up to KXLB_MASQ_WAYS flows to distinct
+ * backends. `claim`: the backend (address folded, port), the protocol and KXLB_MASQ_F_*
+ * in the low 8 bits, claimed with compare-and-swap. A way is free once `expires` passed
+ * (its flow's lifetime, plus TIME_WAIT for TCP: the backend keeps the 4-tuple that long),
+ * or, under a flood of new flows, when its flow never got confirmed both ways and is
+ * KXLB_FLOOD_HALF_OPEN_TICKS old (`born`). */
+struct masq_way {
+	__u64  claim;
+	__be32 peer_addr;    /* the backend */
+	__be32 client_addr;  /* the client socket whose flow this is */
+	__be16 client_port;
+	__u16  pad;
+	__u32  born;         /* tick the flow claimed the port */
+	__u32  expires;      /* tick the port is free again (refreshed with the flow) */
+	__u32  pad2;
+};
+
+struct masq_entry {
+	struct masq_way way[KXLB_MASQ_WAYS];
 };
 
 /* frag_map: lets non-first fragments (which carry no ports) follow their first
@@ -251,28 +270,40 @@ struct backend6 {
 };
 
 struct ct_key6 {
-	struct kx_in6 saddr;
-	struct kx_in6 daddr;
-	__be16 sport;
-	__be16 dport;
+	struct kx_in6 addr;
+	__be16 port;
 	__u8   proto;
-	__u8   dir;
-	__u16  pad;
+	__u8   pad;
+};
+
+struct ct_flow6 {
+	__u64  claim;
+	struct kx_in6 front_addr;
+	struct kx_in6 backend_addr;
+	__be16 backend_port;
+	__be16 src_port;
+	__u32  last;
+	__u32  svc_id;
+	__u32  pad;
 };
 
 struct ct_entry6 {
-	__u64  last_ns;
-	__u64  flags;
+	struct ct_flow6 flow[KXLB_CT_WAYS];
+};
+
+struct masq_way6 {
+	__u64  claim;
+	struct kx_in6 peer_addr;
 	struct kx_in6 client_addr;
-	struct kx_in6 front_addr;
-	struct kx_in6 backend_addr;
-	struct kx_in6 src_addr;
 	__be16 client_port;
-	__be16 front_port;
-	__be16 backend_port;
-	__be16 src_port;
-	__u32  svc_id;
-	__u32  created_s;
+	__u16  pad;
+	__u32  born;
+	__u32  expires;
+	__u32  pad2;
+};
+
+struct masq_entry6 {
+	struct masq_way6 way[KXLB_MASQ_WAYS];
 };
 
 /* The fragment header's identification is 32 bits in IPv6. */
@@ -351,10 +382,12 @@ BPF_TABLE_PINNED("hash", struct backend_key, struct backend, backend_map,
 		 KXLB_MAX_BACKEND_SLOTS, KXLB_PIN_DIR "/backends", BPF_F_NO_PREALLOC);
 BPF_TABLE_PINNED("hash", struct maglev_key, struct maglev_chunk, maglev_map,
 		 KXLB_MAX_MAGLEV_CHUNKS, KXLB_PIN_DIR "/maglev", BPF_F_NO_PREALLOC);
-/* Written by the datapath. LRU: a full table evicts the coldest flow rather than
- * refusing a new one. */
+/* Written by the datapath. LRU: a full table evicts the coldest client socket (its
+ * flows) rather than refusing a new one. */
 BPF_TABLE_PINNED("lru_hash", struct ct_key, struct ct_entry, ct_map,
-		 KXLB_CT_ENTRIES, KXLB_PIN_DIR "/conntrack");
+		 KXLB_CT_ENTRIES, KXLB_PIN_DIR "/conntrack_v2");
+/* Preallocated (an array): 65536 ports, whatever the range in use. */
+BPF_TABLE_PINNED("array", __u32, struct masq_entry, masq_map, 65536, KXLB_PIN_DIR "/masq_ports");
 BPF_TABLE_PINNED("lru_hash", struct frag_key, struct frag_value, frag_map,
 		 KXLB_FRAG_ENTRIES, KXLB_PIN_DIR "/frags");
 /* Per-service counters, per CPU (plain adds on the packet path), in chunks: svc_stats
@@ -387,7 +420,8 @@ BPF_TABLE_PINNED("hash", struct svc_key6, struct svc_value, svc_map6,
 BPF_TABLE_PINNED("hash", struct backend_key, struct backend6, backend_map6,
 		 KXLB_MAX_BACKEND_SLOTS, KXLB_PIN_DIR "/backends6", BPF_F_NO_PREALLOC);
 BPF_TABLE_PINNED("lru_hash", struct ct_key6, struct ct_entry6, ct_map6,
-		 KXLB_CT6_ENTRIES, KXLB_PIN_DIR "/conntrack6");
+		 KXLB_CT6_ENTRIES, KXLB_PIN_DIR "/conntrack6_v2");
+BPF_TABLE_PINNED("array", __u32, struct masq_entry6, masq_map6, 65536, KXLB_PIN_DIR "/masq_ports6");
 BPF_TABLE_PINNED("lru_hash", struct frag_key6, struct frag_value6, frag_map6,
 		 KXLB_FRAG6_ENTRIES, KXLB_PIN_DIR "/frags6");
 BPF_TABLE_PINNED("lru_hash", struct affinity_key6, struct affinity_value6, affinity_map6,

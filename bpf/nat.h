@@ -178,7 +178,7 @@ static __always_inline void icmp_translate(struct iphdr *ip, struct icmphdr *ih,
  * or target), never a router's address. Everything is bounded by the outer IP total
  * length: bytes after it (Ethernet padding) are not part of the message.
  * Returns 1 when translated, 0 when not ours (passed untouched). */
-static __always_inline int icmp_error_nat(void *data, void *data_end, const struct pkt *p, __u64 now)
+static __always_inline int icmp_error_nat(void *data, void *data_end, const struct pkt *p, __u32 now)
 {
 	struct iphdr *ip = data + ETH_HLEN_;
 	struct icmphdr *ih;
@@ -186,8 +186,6 @@ static __always_inline int icmp_error_nat(void *data, void *data_end, const stru
 	__u16 *in_ports;
 	__u16 *l4c = 0;
 	void *end;
-	struct ct_key k;
-	struct ct_entry *e;
 
 	if (!icmp_is_error(p))
 		return 0;
@@ -211,30 +209,24 @@ static __always_inline int icmp_error_nat(void *data, void *data_end, const stru
 		l4c = &in_ports[8]; /* tcphdr.check at byte 16 */
 	}
 
-	/* A quoted reply: its reverse is the flow's FWD key. */
-	k.saddr = in->daddr;
-	k.daddr = in->saddr;
-	k.sport = in_ports[1];
-	k.dport = in_ports[0];
-	k.proto = in->protocol;
-	k.dir = KXLB_CT_DIR_FWD;
-	k.pad = 0;
-	e = ct_map.lookup(&k);
-	if (e && ct_live(e, k.proto, now)) {
-		icmp_translate(ip, ih, in, in_ports, l4c, e->backend_addr, e->backend_port, e->src_addr,
-			       e->src_port);
-		svc_account(e->svc_id, KXLB_CT_DIR_FWD, p->len, 0);
+	/* A quoted reply front:port -> client: the client's flow to that frontend. */
+	struct lb_config *cfg = lb_config_get();
+	struct ct_flow *f = ct_forward(in->daddr, in_ports[1], in->protocol, in->saddr, in_ports[0], now);
+	if (f) {
+		__be32 src = (f->claim & KXLB_CT_F_SNAT) && cfg ? cfg->snat_addr : in->daddr;
+
+		icmp_translate(ip, ih, in, in_ports, l4c, f->backend_addr, f->backend_port, src, f->src_port);
+		svc_account(f->svc_id, KXLB_CT_DIR_FWD, p->len, 0);
 		return 1;
 	}
-	/* A quoted forward packet: the flow's REV key, quoted from the source side. */
-	ct_rev_key(in->saddr, in_ports[0], in->daddr, in_ports[1], in->protocol, &k);
-	e = ct_map.lookup(&k);
-	if (!e || !ct_live(e, k.proto, now) || e->src_addr != in->saddr || e->src_port != in_ports[0] ||
-	    e->backend_addr != in->daddr || e->backend_port != in_ports[1])
+	/* A quoted forward packet src:port -> backend:port: the flow whose reply would be its
+	 * reverse. */
+	struct ct_key client;
+	f = ct_reply(in->daddr, in_ports[1], in->saddr, in_ports[0], in->protocol, cfg, now, &client);
+	if (!f)
 		return 0;
-	icmp_translate(ip, ih, in, in_ports, l4c, e->client_addr, e->client_port, e->front_addr,
-		       e->front_port);
-	svc_account(e->svc_id, KXLB_CT_DIR_REV, p->len, 0);
+	icmp_translate(ip, ih, in, in_ports, l4c, client.addr, client.port, f->front_addr, ct_front_port(f));
+	svc_account(f->svc_id, KXLB_CT_DIR_REV, p->len, 0);
 	return 1;
 }
 

@@ -174,13 +174,11 @@ static __always_inline void icmp6_translate(struct ipv6hdr *ip6, __u16 *ic, stru
  * a quoted reply goes on to the backend, a quoted forward packet back to the client.
  * The quote must name TCP or UDP right after its IPv6 header (a quote with extension
  * headers is passed untouched). Returns 1 when translated, 0 when not ours. */
-static __always_inline int icmp_error_nat6(void *data, void *data_end, const struct pkt6 *p, __u64 now)
+static __always_inline int icmp_error_nat6(void *data, void *data_end, const struct pkt6 *p, __u32 now)
 {
 	struct ipv6hdr *ip6 = data + ETH_HLEN_;
 	__u32 l4_off = p->l4_off;
 	__u16 *l4c = 0;
-	struct ct_key6 k;
-	struct ct_entry6 *e;
 
 	if (!icmp_is_error6(p) || l4_off > IP6_MAX_L4_OFF)
 		return 0;
@@ -203,31 +201,26 @@ static __always_inline int icmp_error_nat6(void *data, void *data_end, const str
 		l4c = &in_ports[8]; /* tcphdr.check at byte 16 */
 	}
 
-	/* A quoted reply: its reverse is the flow's FWD key. */
-	__builtin_memcpy(&k.saddr, &in->daddr, 16);
-	__builtin_memcpy(&k.daddr, &in->saddr, 16);
-	k.sport = in_ports[1];
-	k.dport = in_ports[0];
-	k.proto = in->nexthdr;
-	k.dir = KXLB_CT_DIR_FWD;
-	k.pad = 0;
-	e = ct_map6.lookup(&k);
-	if (e && ct_live6(e, k.proto, now)) {
-		icmp6_translate(ip6, &ih[1], in, in_ports, l4c, &e->backend_addr, e->backend_port, &e->src_addr,
-				e->src_port);
-		svc_account(e->svc_id, KXLB_CT_DIR_FWD, p->len, 0);
+	/* A quoted reply front:port -> client: the client's flow to that frontend. */
+	struct lb_config6 *cfg = lb_config_get6();
+	struct kx_in6 qs = *(struct kx_in6 *)&in->saddr, qd = *(struct kx_in6 *)&in->daddr;
+	struct ct_flow6 *f = ct_forward6(qd, in_ports[1], in->nexthdr, qs, in_ports[0], now);
+	if (f) {
+		const struct kx_in6 *src = (f->claim & KXLB_CT_F_SNAT) && cfg ? &cfg->snat_addr : &qd;
+
+		icmp6_translate(ip6, &ih[1], in, in_ports, l4c, &f->backend_addr, f->backend_port, src, f->src_port);
+		svc_account(f->svc_id, KXLB_CT_DIR_FWD, p->len, 0);
 		return 1;
 	}
-	/* A quoted forward packet: the flow's REV key, quoted from the source side. */
-	struct kx_in6 qs = *(struct kx_in6 *)&in->saddr, qd = *(struct kx_in6 *)&in->daddr;
-	ct_rev_key6(qs, in_ports[0], qd, in_ports[1], in->nexthdr, &k);
-	e = ct_map6.lookup(&k);
-	if (!e || !ct_live6(e, k.proto, now) || !kx6_eq(&e->src_addr, &qs) || e->src_port != in_ports[0] ||
-	    !kx6_eq(&e->backend_addr, &qd) || e->backend_port != in_ports[1])
+	/* A quoted forward packet src:port -> backend:port: the flow whose reply would be its
+	 * reverse. */
+	struct ct_key6 client;
+	f = ct_reply6(qd, in_ports[1], qs, in_ports[0], in->nexthdr, cfg, now, &client);
+	if (!f)
 		return 0;
-	icmp6_translate(ip6, &ih[1], in, in_ports, l4c, &e->client_addr, e->client_port, &e->front_addr,
-			e->front_port);
-	svc_account(e->svc_id, KXLB_CT_DIR_REV, p->len, 0);
+	icmp6_translate(ip6, &ih[1], in, in_ports, l4c, &client.addr, client.port, &f->front_addr,
+			ct_front_port6(f));
+	svc_account(f->svc_id, KXLB_CT_DIR_REV, p->len, 0);
 	return 1;
 }
 

@@ -27,13 +27,9 @@ UDP = socket.IPPROTO_UDP
 _Raw = tuple[int | bytes, int]  # (address, port) as the map stores them (an IPv6 address's bytes)
 
 
-def _field(addr) -> int | bytes:
-    """An address field of either family's ct_entry as a hashable raw value."""
-    return addr if isinstance(addr, int) else bytes(addr)
-
-
 def _raw(addr: str, port: int) -> _Raw:
-    return _field(family_of(addr).addr_c(addr)), port_to_raw(port)
+    raw = family_of(addr).addr_c(addr)
+    return (raw if isinstance(raw, int) else bytes(raw)), port_to_raw(port)
 
 
 def serving_by_frontend(ports: Iterable[tuple[LbService, frozenset[Backend]]]) -> dict[_Raw, frozenset[_Raw]]:
@@ -51,18 +47,18 @@ def serving_by_frontend(ports: Iterable[tuple[LbService, frozenset[Backend]]]) -
 
 
 def clean_stale_udp_flows(maps: Maps, serving: dict[_Raw, frozenset[_Raw]], fam: Family) -> int:
-    """Delete both entries of every stale UDP flow of one family; returns the entries
-    deleted."""
+    """Delete every stale UDP flow of one family (its way, and its masquerade port);
+    returns how many."""
     if not serving:
         return 0
     deleted = 0
-    for k, e in conntrack.conntrack_map(maps, fam).items():
-        if k.proto != UDP or k.dir != conntrack.FWD:
+    for flow in conntrack.flows(maps, (fam,)):
+        if flow.proto != UDP:
             continue
-        allowed = serving.get((_field(e.front_addr), e.front_port))
-        if allowed is None or (_field(e.backend_addr), e.backend_port) in allowed:
+        allowed = serving.get(_raw(flow.front.addr, flow.front.port))
+        if allowed is None or _raw(flow.backend.addr, flow.backend.port) in allowed:
             continue
-        deleted += conntrack.delete_flow(maps, conntrack.Flow.of(k, e))
+        deleted += conntrack.delete_flow(maps, flow)
     return deleted
 
 

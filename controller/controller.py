@@ -55,6 +55,8 @@ class ControllerConfig:
     retry_initial: float = 1.0       # first retry after a failed sync (then doubling)
     detect_local_node_cidr: bool = False  # pods = the Node's podCIDRs, not cluster_cidrs (NodeCIDR mode)
     maglev_table_size: int = 16381   # largest Maglev table (prime; loader/maglev.py sizes smaller sets)
+    node_port_range: tuple[int, int] = (30000, 32767)  # the cluster's NodePorts (apiserver's flag)
+    masquerade_ports: tuple[int, int] | None = None    # --masquerade-ports; None: chosen (node.py)
 
 
 def tune_gc() -> None:
@@ -428,8 +430,9 @@ class Controller:
         local = self._node_pod_cidrs if self.config.detect_local_node_cidr else self.config.cluster_cidrs
         if self._src_ports is None:
             try:
-                self._src_ports = masquerade_port_range(self.config.netns)
-            except (OSError, ValueError) as exc:
+                self._src_ports = masquerade_port_range(self.config.netns, self.config.node_port_range,
+                                                        self.config.masquerade_ports)
+            except (OSError, KxlbError) as exc:
                 log.error("masquerade source ports: %s; using the datapath's default range", exc)
                 self._src_ports = ()
         node_addrs = tuple(a for a in (self._node_ip, self._node_ip6) if a)
@@ -454,7 +457,8 @@ class Controller:
                  f", clients outside {' and '.join(want.cluster_cidrs)}" if want.cluster_cidrs else "",
                  ", all cluster IP traffic" if want.masquerade_all else "", ", ".join(cidrs) or "(none known)")
         if want.src_ports:
-            log.info("datapath: masqueraded flows use source ports %d-%d (outside ip_local_port_range)", *want.src_ports)
+            log.info("datapath: masqueraded flows use source ports %d-%d (outside ip_local_port_range and the NodePort "
+                     "range)", *want.src_ports)
 
     def reconcile(self) -> None:
         """Periodic: a full sync from the caches, then repair of what was changed in the

@@ -115,7 +115,7 @@ def run(a) -> None:
     from .controller import Controller, ControllerConfig
     from .health import ProxyHealth, serve_health
     from .metrics import Metrics, serve
-    from .node import one_cidr_per_family, parse_nodeport_cidrs
+    from .node import one_cidr_per_family, parse_nodeport_cidrs, parse_port_range
 
     setup_logging(a.log_level, a.log_format)
     if a.cleanup:
@@ -123,6 +123,10 @@ def run(a) -> None:
         return
     resolve(a)
     check_table_size(a.maglev_table_size)  # before anything is attached or written
+    from .node import masquerade_port_range, parse_port_range as _ports
+    if a.masquerade_ports:  # refused before anything is attached (overlaps the NodePorts, say)
+        masquerade_port_range(a.netns, _ports(a.service_node_port_range, "--service-node-port-range"),
+                              _ports(a.masquerade_ports, "--masquerade-ports"))
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1` dumps every thread's stack
     # Listen before the slow start-up (the datapath compile takes tens of seconds on a busy
     # node): a liveness probe meanwhile gets /livez 200, not "connection refused" and a
@@ -169,7 +173,12 @@ def run(a) -> None:
                                                     masquerade_address=a.masquerade_address,
                                                     masquerade_all=a.masquerade_all,
                                                     nodeport_addresses=parse_nodeport_cidrs(a.nodeport_addresses),
-                                                    netns=a.netns, maglev_table_size=a.maglev_table_size),
+                                                    netns=a.netns, maglev_table_size=a.maglev_table_size,
+                                                    node_port_range=parse_port_range(
+                                                        a.service_node_port_range, "--service-node-port-range"),
+                                                    masquerade_ports=parse_port_range(
+                                                        a.masquerade_ports, "--masquerade-ports")
+                                                    if a.masquerade_ports else None),
                      metrics, EventRecorder(client, a.node_name), journal=journal, ids=ids)
     ctl.health = health  # the one the listeners answer from (nothing has read the controller's own yet)
     ctl.start()
@@ -343,6 +352,12 @@ def register(sub) -> None:
                    help=f"entries of the Maglev lookup table of the largest backend sets (a prime above the "
                         f"largest set, at most 65521; smaller sets get 251 or 1021: docs/datapath.md; default "
                         f"{DEFAULT_TABLE_SIZE}). A new size applies to a set when it next changes")
+    p.add_argument("--service-node-port-range", default="30000-32767", metavar="LO-HI",
+                   help="the cluster's NodePort range (kube-apiserver's flag; default %(default)s): masquerade "
+                        "ports stay out of it")
+    p.add_argument("--masquerade-ports", metavar="LO-HI",
+                   help="source ports of masqueraded flows (default: the largest part of 1024-65535 outside "
+                        "net.ipv4.ip_local_port_range and the NodePort range); refused if it overlaps either")
     p.add_argument("--conntrack-max-per-core", type=int, metavar="N",
                    help=f"flows kxlb's conntrack holds per CPU (kube-proxy's flag: there nf_conntrack_max; here "
                         f"the size of kxlb's own table, preallocated; default "

@@ -105,21 +105,53 @@ def nodeport_addresses(cidrs: tuple[str, ...], netns: str | None) -> tuple[str, 
 
 
 MIN_SRC_PORTS = 1024  # fewer free ports than this and masqueraded flows would queue up
+NODE_PORT_RANGE = (30000, 32767)  # kube-apiserver's default --service-node-port-range
 
 
-def masquerade_port_range(netns: str | None) -> tuple[int, int]:
-    """Source ports for masqueraded flows that the node's own sockets never pick: the
-    part of 1024-65535 outside its ip_local_port_range (the larger side). A range no
-    socket uses is what keeps a masqueraded flow's reply from being mistaken for a
-    reply to one of the node's connections, and the reverse."""
+def parse_port_range(text: str, flag: str) -> tuple[int, int]:
+    """LO-HI -> (lo, hi), or one clear error naming the flag."""
+    lo, dash, hi = str(text).partition("-")
+    if not dash or not lo.isdigit() or not hi.isdigit() or not 1 <= int(lo) <= int(hi) <= 65535:
+        raise KxlbError(f"{flag} {text!r}: expected LO-HI, ports 1-65535")
+    return int(lo), int(hi)
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def masquerade_port_range(netns: str | None, node_ports: tuple[int, int] = NODE_PORT_RANGE,
+                          explicit: tuple[int, int] | None = None) -> tuple[int, int]:
+    """Source ports for masqueraded (and remapped) flows: a range no socket of the node
+    picks (outside its ip_local_port_range) and no NodePort uses (outside the cluster's
+    NodePort range: the datapath looks a reply to a masquerade port up before the
+    frontends, but a NodePort in the range would be shadowed for the backends of its
+    flows). Without ``explicit``, the largest such part of 1024-65535; an explicit range
+    (--masquerade-ports) overlapping either is refused."""
     from kxlb.loader.netns import netns as enter
 
     with enter(netns):  # /proc/sys/net shows the opening thread's namespace
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            lo, hi = (int(x) for x in f.read().split())
-    above, below = (hi + 1, 65535), (1024, lo - 1)
-    best = max(above, below, key=lambda r: r[1] - r[0])
+            ephemeral = tuple(int(x) for x in f.read().split())
+    if explicit is not None:
+        for other, what in ((ephemeral, "net.ipv4.ip_local_port_range"), (node_ports, "the NodePort range")):
+            if _overlap(explicit, other):
+                raise KxlbError(f"--masquerade-ports {explicit[0]}-{explicit[1]} overlaps {what} "
+                                f"{other[0]}-{other[1]}: a reply to a masqueraded flow would be taken for "
+                                f"{'a new connection to the node' if other is ephemeral else 'a NodePort'}")
+        best = explicit
+    else:
+        edges = sorted([ephemeral, node_ports])
+        cuts, start = [], 1024
+        for lo, hi in edges:
+            if lo > start:
+                cuts.append((start, lo - 1))
+            start = max(start, hi + 1)
+        if start <= 65535:
+            cuts.append((start, 65535))
+        best = max(cuts, key=lambda r: r[1] - r[0], default=(0, -1))
     if best[1] - best[0] + 1 < MIN_SRC_PORTS:
-        raise ValueError(f"net.ipv4.ip_local_port_range {lo}-{hi} leaves fewer than {MIN_SRC_PORTS} ports "
-                         f"for masqueraded flows (kxlb uses the ports outside it): narrow it")
+        raise KxlbError(f"masquerade ports {best[0]}-{best[1]}: fewer than {MIN_SRC_PORTS} ports outside "
+                        f"net.ipv4.ip_local_port_range {ephemeral[0]}-{ephemeral[1]} and the NodePort range "
+                        f"{node_ports[0]}-{node_ports[1]}")
     return best

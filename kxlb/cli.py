@@ -201,21 +201,24 @@ def cmd_list(a) -> None:
 
 
 def _flow_rows(maps: Maps, include_all: bool) -> list[dict]:
-    now = conntrack.now_ns()
+    from kxlb.loader.layout import family_of
+
+    now = conntrack.now_ticks()
+    snat = {family_of(a): a for a in ServiceTable(maps).read_config().snat_addrs}
     rows = []
     for f in conntrack.flows(maps):
         if not include_all and not f.live(now):
             continue
+        source = snat.get(f.family, "?") if f.masqueraded else f.client.addr
         rows.append({
             "protocol": f.protocol,
             "client": str(f.client),
             "frontend": str(f.front),
             "backend": str(f.backend),
-            "source": str(f.source),  # what the backend sees as the client
+            "source": str(conntrack.Endpoint(source, f.source_port)),  # what the backend sees as the client
             "service_id": f.svc_id,
-            "expires_in_s": round((f.expires_ns - now) / 1e9, 1),
+            "expires_in_s": round(f.expires_in_s(now), 1),
             "state": f.state,
-            "entries": f.entries,
         })
     return sorted(rows, key=lambda r: (r["frontend"], r["client"]))
 

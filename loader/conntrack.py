@@ -1,92 +1,102 @@
 """Conntrack as user space sees it: the one Python module that knows how ct_map holds a
-flow (bpf/maps.h struct ct_entry, bpf/ct.h). The CLI lists flows with it, the controller
-deletes stale UDP flows with it, tests read flows with it.
+flow (bpf/maps.h struct ct_entry, bpf/ct.h, bpf/ct.tmpl.h). The CLI lists flows with it,
+the controller deletes stale UDP flows with it, tests read flows with it.
 
-A flow has two entries with the same value: FWD keyed client -> frontend, REV keyed by
-the translated 4-tuple backend <-> source in canonical order. Either entry rebuilds the
-other's key; deleting a flow deletes both. IPv6 flows live in ct_map6 with the same
-scheme (struct ct_key6/ct_entry6); every function here takes either family's structs.
+A record per client socket (address, port, protocol) holds up to KXLB_CT_WAYS flows, one
+per frontend the socket reaches; a flow's `claim` word holds its frontend and its state.
+A masqueraded or remapped flow also holds a way of one port of the masquerade port table
+(masq_map): deleting the flow frees that way too. IPv6 flows live in ct_map6 and
+masq_map6 with the same layout (16-byte addresses); every function here takes either
+family.
 """
 from __future__ import annotations
 
+import ctypes
 import time
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple
 
-from .layout import (C, FAMILIES, PROTO_NAMES, V4, V6, CtEntry6, CtKey, CtKey6, Family, In6,
-                     format_addr_port, raw_to_port)
+from .layout import C, FAMILIES, PROTO_NAMES, V6, Family, format_addr_port, raw_to_port
 from .maps import BpfMap, Maps
 
 CLOCK = 6  # CLOCK_MONOTONIC_COARSE (Linux): the datapath's bpf_ktime_get_coarse_ns()
-NSEC = 1_000_000_000
+TICK_SHIFT = C["TICK_SHIFT"]
 FWD, REV = C["CT_DIR_FWD"], C["CT_DIR_REV"]
-_CLOSING = C["CT_F_FIN_FWD"] | C["CT_F_FIN_REV"]
+F = {name.removeprefix("CT_F_"): v for name, v in C.items() if name.startswith("CT_F_")}
+_CLOSING = F["FIN_FWD"] | F["FIN_REV"]
+_MOVED = F["SNAT"] | F["REMAP"] | F["DIRECT"]
 
-FLAG_NAMES = {C["CT_F_REPLIED"]: "replied", C["CT_F_FIN_FWD"]: "fin-client", C["CT_F_FIN_REV"]: "fin-backend",
-              C["CT_F_RST"]: "rst", C["CT_F_SNAT"]: "masqueraded", C["CT_F_REMAP"]: "port-remapped"}
+FLAG_NAMES = {F["REPLIED"]: "replied", F["FIN_FWD"]: "fin-client", F["FIN_REV"]: "fin-backend", F["RST"]: "rst",
+              F["SNAT"]: "masqueraded", F["REMAP"]: "port-remapped", F["DIRECT"]: "direct-remapped",
+              F["FWD_ACK"]: "fwd-ack", F["REV_ACK"]: "rev-ack"}
 
 
-def now_ns() -> int:
-    """The datapath's clock."""
-    return time.clock_gettime_ns(CLOCK)
+def ticks(seconds: int) -> int:
+    """consts.h KXLB_TICKS(): seconds in ticks of 2^30 ns, rounded up."""
+    return (seconds * 1_000_000_000 + (1 << TICK_SHIFT) - 1) >> TICK_SHIFT
+
+
+def now_ticks() -> int:
+    """The datapath's clock, in its ticks."""
+    return (time.clock_gettime_ns(CLOCK) >> TICK_SHIFT) & 0xffffffff
 
 
 def closing(flags: int) -> bool:
-    return bool(flags & C["CT_F_RST"]) or flags & _CLOSING == _CLOSING
+    return bool(flags & F["RST"]) or flags & _CLOSING == _CLOSING
 
 
-def lifetime_ns(proto: int, flags: int) -> int:
-    """How long a flow in this state lives after its last packet: ct.h ct_lifetime_ns()."""
+def confirmed(proto: int, flags: int) -> bool:
+    """ct.h ct_confirmed(): a packet without SYN each way (TCP), answered and spoken to
+    again (UDP)."""
+    want = F["FWD_ACK"] | F["REV_ACK"] if proto == 6 else F["REPLIED"] | F["FWD_ACK"]
+    return flags & want == want
+
+
+def lifetime(proto: int, flags: int) -> int:
+    """ct.h ct_lifetime(): how many ticks a flow in this state lives after its last packet."""
     if proto == 6:
         if closing(flags):
-            s = C["CT_TCP_CLOSE_S"]
-        elif flags & C["CT_F_REPLIED"]:
-            s = C["CT_TCP_EST_S"]
-        else:
-            s = C["CT_TCP_SYN_S"]
-    else:
-        s = C["CT_UDP_REPLIED_S"] if flags & C["CT_F_REPLIED"] else C["CT_UDP_S"]
-    return s * NSEC
+            return ticks(C["CT_TCP_CLOSE_S"])
+        return ticks(C["CT_TCP_EST_S"] if confirmed(proto, flags) else C["CT_TCP_SYN_S"])
+    return ticks(C["CT_UDP_REPLIED_S"] if flags & F["REPLIED"] else C["CT_UDP_S"])
 
 
-def _order(addr: int | In6):
-    """An address field in ct.tmpl.h's KX_LT order: IPv4's one raw word, IPv6's four raw
-    words one after the other (addr6.h kx6_lt)."""
-    return addr if isinstance(addr, int) else tuple(addr.w)
+def masq_hold(proto: int, flags: int) -> int:
+    """ct.h masq_hold(): a masquerade port stays taken this long after its flow's last packet."""
+    return lifetime(proto, flags) + (ticks(C["CT_TCP_TIME_WAIT_S"]) if proto == 6 else 0)
 
 
-def _family(obj) -> Family:
-    return V6 if isinstance(obj, (CtKey6, CtEntry6, In6)) else V4
+def fold(fam: Family, addr) -> int:
+    """family.tmpl.h KX_FOLD(): an address as the 32 bits a claim carries."""
+    if fam is V6:
+        w = addr.w
+        return (w[0] ^ w[1] ^ w[2] ^ w[3]) & 0xffffffff
+    return addr
 
 
-def _key_type(fam: Family) -> type:
-    return CtKey6 if fam is V6 else CtKey
+def ct_claim(fam: Family, front, front_port: int, flags: int) -> int:
+    """ct.tmpl.h ct_claim() (front_port: the raw, network-order field)."""
+    return (fold(fam, front) << 32) | (front_port << 16) | flags
 
 
-def rev_key(a_addr, a_port: int, b_addr, b_port: int, proto: int):
-    """The canonical REV key of the 4-tuple a <-> b (raw values: u32 or struct kx_in6
-    addresses, network-order ports): ct.tmpl.h ct_rev_key()."""
-    if (_order(a_addr), a_port) > (_order(b_addr), b_port):
-        a_addr, a_port, b_addr, b_port = b_addr, b_port, a_addr, a_port
-    return _key_type(_family(a_addr))(saddr=a_addr, sport=a_port, daddr=b_addr, dport=b_port, proto=proto, dir=REV)
+def masq_claim(fam: Family, peer, peer_port: int, proto: int, flags: int) -> int:
+    return (fold(fam, peer) << 32) | (peer_port << 16) | (proto << 8) | flags
 
 
-def fwd_key_of(e, proto: int):
-    return _key_type(_family(e))(saddr=e.client_addr, sport=e.client_port, daddr=e.front_addr,
-                                 dport=e.front_port, proto=proto, dir=FWD)
-
-
-def rev_key_of(e, proto: int):
-    return rev_key(e.backend_addr, e.backend_port, e.src_addr, e.src_port, proto)
+def masq_way_index(fam: Family, peer, peer_port: int) -> int:
+    """ct.tmpl.h masq_way_index(): the way of a masquerade port a backend may hold."""
+    h = (fold(fam, peer) ^ ((peer_port << 16) & 0xffffffff)) & 0xffffffff
+    h ^= h >> 16
+    h = (h * 0x45d9f3b) & 0xffffffff
+    return (h >> 16) % C["MASQ_WAYS"]
 
 
 def conntrack_map(maps: Maps, fam: Family) -> BpfMap:
     return fam.map(maps, "conntrack")
 
 
-def peer_key(k, e):
-    """The key of the flow's other entry."""
-    return rev_key_of(e, k.proto) if k.dir == FWD else fwd_key_of(e, k.proto)
+def masq_map(maps: Maps, fam: Family) -> BpfMap:
+    return fam.map(maps, "masq_ports")
 
 
 class Endpoint(NamedTuple):
@@ -97,40 +107,43 @@ class Endpoint(NamedTuple):
         return format_addr_port(self.addr, self.port)
 
 
-def _ep(addr, port: int) -> Endpoint:
-    return Endpoint(_family(addr).c_addr(addr), raw_to_port(port))
-
-
 @dataclass(frozen=True)
 class Flow:
-    """One tracked flow (from either of its entries)."""
+    """One tracked flow: a way of its client socket's record."""
 
+    family: Family
     proto: int
     client: Endpoint     # as the client sent
     front: Endpoint      # the frontend it addressed
     backend: Endpoint
-    source: Endpoint     # the source the backend sees (the client unless masqueraded/remapped)
+    source_port: int     # the port the backend sees (the client's unless masqueraded/remapped)
     flags: int
     svc_id: int
-    created_s: int
-    last_ns: int
-    fwd_key: CtKey | CtKey6
-    rev_key: CtKey | CtKey6
-    entries: int         # 2, or 1 when the other one is gone (evicted; the datapath restores it)
-
-    @classmethod
-    def of(cls, k, e, entries: int = 2) -> "Flow":
-        return cls(proto=k.proto, client=_ep(e.client_addr, e.client_port), front=_ep(e.front_addr, e.front_port),
-                   backend=_ep(e.backend_addr, e.backend_port), source=_ep(e.src_addr, e.src_port),
-                   flags=e.flags, svc_id=e.svc_id, created_s=e.created_s, last_ns=e.last_ns,
-                   fwd_key=fwd_key_of(e, k.proto), rev_key=rev_key_of(e, k.proto), entries=entries)
+    last: int            # tick of its last packet
+    key: object          # its record's key (struct ct_key or ct_key6)
+    way: int             # its way in the record
 
     @property
-    def expires_ns(self) -> int:
-        return self.last_ns + lifetime_ns(self.proto, self.flags)
+    def expires(self) -> int:
+        return (self.last + lifetime(self.proto, self.flags)) & 0xffffffff
 
     def live(self, now: int | None = None) -> bool:
-        return self.expires_ns > (now_ns() if now is None else now)
+        now = now_ticks() if now is None else now
+        return bool(self.flags & F["USED"]) and (now - self.last) & 0xffffffff < lifetime(self.proto, self.flags)
+
+    def expires_in_s(self, now: int | None = None) -> float:
+        now = now_ticks() if now is None else now
+        left = lifetime(self.proto, self.flags) - ((now - self.last) & 0xffffffff)
+        return left * (1 << TICK_SHIFT) / 1e9
+
+    @property
+    def masqueraded(self) -> bool:
+        return bool(self.flags & F["SNAT"])
+
+    @property
+    def moved(self) -> bool:
+        """It has a port of the masquerade table (masqueraded or remapped)."""
+        return bool(self.flags & _MOVED)
 
     @property
     def state(self) -> list[str]:
@@ -140,41 +153,65 @@ class Flow:
     def protocol(self) -> str:
         return PROTO_NAMES.get(self.proto, str(self.proto))
 
-    @property
-    def family(self) -> Family:
-        return _family(self.fwd_key)
+
+def _flows_of(fam: Family, k, rec) -> Iterator[Flow]:
+    for i, f in enumerate(rec.flow):
+        if not f.claim & F["USED"]:
+            continue
+        yield Flow(family=fam, proto=k.proto, client=Endpoint(fam.c_addr(k.addr), raw_to_port(k.port)),
+                   front=Endpoint(fam.c_addr(f.front_addr), raw_to_port((f.claim >> 16) & 0xffff)),
+                   backend=Endpoint(fam.c_addr(f.backend_addr), raw_to_port(f.backend_port)),
+                   source_port=raw_to_port(f.src_port), flags=f.claim & 0xffff, svc_id=f.svc_id, last=f.last,
+                   key=fam.struct("ct_key").from_buffer_copy(k), way=i)
 
 
 def flows(maps: Maps, families: tuple[Family, ...] = FAMILIES) -> Iterator[Flow]:
-    """Every tracked flow once (live or not), from a snapshot of ct_map (and ct_map6).
-    Both entries of a flow carry the same value; the newest refresh wins."""
+    """Every tracked flow (live or not) in a snapshot of ct_map (and ct_map6)."""
     for fam in families:
-        seen: dict[bytes, tuple] = {}
-        keys = set()
-        for k, e in conntrack_map(maps, fam).items():
-            keys.add(bytes(k))
-            fk = bytes(fwd_key_of(e, k.proto))
-            if fk not in seen or seen[fk][1].last_ns < e.last_ns:
-                seen[fk] = (k, e)
-        for fk, (k, e) in seen.items():
-            both = fk in keys and bytes(rev_key_of(e, k.proto)) in keys
-            yield Flow.of(k, e, 2 if both else 1)
+        for k, rec in conntrack_map(maps, fam).items():
+            yield from _flows_of(fam, k, rec)
 
 
-def delete_flow(maps: Maps, flow: Flow) -> int:
-    """Delete both entries of a flow; returns how many were there."""
+def get_flows(maps: Maps, fam: Family, addr: str, port: int, proto: int) -> list[Flow]:
+    """The flows of one client socket."""
+    from .layout import port_to_raw
+
+    k = fam.struct("ct_key")(addr=fam.addr_c(addr), port=port_to_raw(port), proto=proto)
+    rec = conntrack_map(maps, fam).get(k)
+    return list(_flows_of(fam, k, rec)) if rec is not None else []
+
+
+def delete_flow(maps: Maps, flow: Flow) -> bool:
+    """Free a flow's way in its record, and its masquerade port (the way of that port held
+    for its backend). The record goes when its last way does. A datapath write to another
+    way of the same record at this moment may be lost (user space writes a record whole):
+    that flow's next packet creates it again."""
     ct = conntrack_map(maps, flow.family)
-    return ct.delete(flow.fwd_key) + ct.delete(flow.rev_key)
+    rec = ct.get(flow.key)
+    if rec is None or not rec.flow[flow.way].claim & F["USED"]:
+        return False
+    f = rec.flow[flow.way]
+    backend, backend_port, src_port = f.backend_addr, f.backend_port, f.src_port
+    ctypes.memset(ctypes.addressof(f), 0, ctypes.sizeof(f))
+    if any(w.claim & F["USED"] for w in rec.flow):
+        ct.put(flow.key, rec)
+    else:
+        ct.delete(flow.key)
+    if flow.moved:
+        _free_port(maps, flow.family, raw_to_port(src_port), backend, backend_port, flow.proto)
+    return True
 
 
-def get_flow(maps: Maps, k) -> Flow | None:
-    """The flow an entry key (either family, either direction) belongs to, or None."""
-    ct = conntrack_map(maps, _family(k))
-    e = ct.get(k)
+def _free_port(maps: Maps, fam: Family, port: int, peer, peer_port: int, proto: int) -> None:
+    """Expire the way of masquerade port `port` held for backend peer:peer_port."""
+    m = masq_map(maps, fam)
+    e = m.get(ctypes.c_uint32(port))
     if e is None:
-        return None
-    return Flow.of(k, e, 1 + (ct.get(peer_key(k, e)) is not None))
+        return
+    w = e.way[masq_way_index(fam, peer, peer_port)]
+    if w.claim & ~0xff == masq_claim(fam, peer, peer_port, proto, 0):
+        w.expires = now_ticks()
+        m.put(ctypes.c_uint32(port), e)
 
 
-__all__ = ["Flow", "Endpoint", "flows", "delete_flow", "get_flow", "rev_key", "fwd_key_of", "rev_key_of",
-           "peer_key", "lifetime_ns", "now_ns", "FLAG_NAMES"]
+__all__ = ["Flow", "Endpoint", "flows", "get_flows", "delete_flow", "lifetime", "now_ticks", "FLAG_NAMES"]

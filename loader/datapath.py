@@ -250,19 +250,34 @@ def _program_ids(dp: Datapath) -> list[int]:
 
 
 def _copy(the_plan: Plan, staging: str, only_new: bool) -> list[str]:
+    """Each migrated map's old contents into its staged new map: copied (another
+    capacity) or converted (another layout: into the new map and the maps its layout
+    adds, loader/migrate.py)."""
     out = []
     for m in the_plan.migrations:
-        old = bpfsys.obj_get(m.source)
-        new = bpfsys.obj_get(os.path.join(staging, m.spec.pin))
+        fds: list[int] = []
         try:
-            res = migrate.copy(old, new, m.converters, only_new)
+            old = bpfsys.obj_get(m.source)
+            fds.append(old)
+            if m.converters:
+                targets = {}
+                for other in the_plan.maps:
+                    fd = bpfsys.obj_get(os.path.join(staging, other.spec.pin))
+                    fds.append(fd)
+                    targets[migrate.SELF if other is m else other.spec.base] = migrate._RawMap(fd)
+                res = migrate.convert(old, migrate.Targets(targets, only_new), m.converters)
+            else:
+                new = bpfsys.obj_get(os.path.join(staging, m.spec.pin))
+                fds.append(new)
+                res = migrate.copy(old, new, only_new)
         finally:
-            os.close(old)
-            os.close(new)
-        if res.failed and not only_new:
+            for fd in fds:
+                os.close(fd)
+        if res.failed and not only_new and not m.converters:
             raise KxlbError(f"migrating {m.spec.base} ({m.why}): {res.failed} entries do not fit the new map "
                             f"({res.copied} did); nothing was changed")
-        out.append(f"{m.spec.base}: {m.why} ({res.copied} entries)")
+        out.append(f"{m.spec.base}: {m.why} ({res.copied} entries" +
+                   (f", {res.failed} that the new layout cannot hold" if res.failed else "") + ")")
     return out
 
 

@@ -16,6 +16,7 @@ import sys
 from typing import NamedTuple
 from pathlib import Path
 
+from .cstructs import parse as parse_structs
 from .errors import KxlbError
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
@@ -38,156 +39,19 @@ DP_COUNTERS = {v: k.removeprefix("ST_").lower() for k, v in C.items()
                if k.startswith("ST_") and k != "ST_MAX"}
 """dp_stats index -> counter name (from the KXLB_ST_* defines)."""
 
-u8, u16, u32, u64 = ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64
+MIRRORS: dict[str, type[ctypes.Structure]] = parse_structs(BPF_DIR / "maps.h", C)
+"""C struct name -> ctypes class, made from maps.h itself (loader/cstructs.py); the layout
+test checks each against the BTF clang emits for it."""
 
-
-class SvcKey(ctypes.Structure):
-    _fields_ = [("vip", u32), ("port", u16), ("proto", u8), ("pad", u8)]
-
-
-class SvcValue(ctypes.Structure):
-    _fields_ = [("svc_id", u32), ("count", u16), ("local_count", u16), ("gen", u8), ("kind", u8),
-                ("flags", u16), ("affinity_s", u32), ("table_size", u16), ("local_table_size", u16)]
-
-
-class BackendKey(ctypes.Structure):
-    _fields_ = [("svc_id", u32), ("slot", u16), ("gen", u8), ("set", u8)]
-
-
-class BackendValue(ctypes.Structure):
-    _fields_ = [("addr", u32), ("port", u16), ("pad", u16)]
-
-
-class MaglevKey(ctypes.Structure):
-    _fields_ = [("svc_id", u32), ("chunk", u16), ("gen", u8), ("set", u8)]
-
-
-class MaglevChunk(ctypes.Structure):
-    _fields_ = [("slot", u16 * C["MAGLEV_CHUNK"])]
-
-
-class CtKey(ctypes.Structure):
-    _fields_ = [("saddr", u32), ("daddr", u32), ("sport", u16), ("dport", u16),
-                ("proto", u8), ("dir", u8), ("pad", u16)]
-
-
-class CtEntry(ctypes.Structure):
-    _fields_ = [("last_ns", u64), ("flags", u64), ("client_addr", u32), ("front_addr", u32),
-                ("backend_addr", u32), ("src_addr", u32), ("client_port", u16), ("front_port", u16),
-                ("backend_port", u16), ("src_port", u16), ("svc_id", u32), ("created_s", u32)]
-
-
-class FragKey(ctypes.Structure):
-    _fields_ = [("saddr", u32), ("daddr", u32), ("id", u16), ("proto", u8), ("pad", u8)]
-
-
-class FragValue(ctypes.Structure):
-    _fields_ = [("saddr", u32), ("daddr", u32)]
-
-
-class AffinityKey(ctypes.Structure):
-    _fields_ = [("svc_id", u32), ("client", u32), ("set", u8), ("pad", u8 * 3)]
-
-
-class AffinityValue(ctypes.Structure):
-    _fields_ = [("last_ns", u64), ("addr", u32), ("port", u16), ("pad", u16)]
-
-
-class SrcRangeKey(ctypes.Structure):
-    _fields_ = [("prefixlen", u32), ("svc_id", u32), ("addr", u32)]
-
-
-class LbConfig(ctypes.Structure):
-    _fields_ = [("snat_addr", u32), ("cluster_cidr", u32), ("cluster_mask", u32), ("flags", u32),
-                ("svc_cidr", u32 * C["MAX_SVC_CIDRS"]), ("svc_mask", u32 * C["MAX_SVC_CIDRS"]),
-                ("src_port_min", u16), ("src_port_max", u16), ("node_addr", u32)]
-
-
-class SockRevKey(ctypes.Structure):
-    _fields_ = [("cookie", u64), ("addr", u32), ("port", u16), ("pad", u16)]
-
-
-class SockRevValue(ctypes.Structure):
-    _fields_ = [("vip", u32), ("port", u16), ("pad", u16)]
-
-
-class SvcCounters(ctypes.Structure):
-    _fields_ = [("fwd_packets", u64), ("fwd_bytes", u64), ("rev_packets", u64),
-                ("rev_bytes", u64), ("new_flows", u64)]
-
-
-# --- IPv6: the same structs with 16-byte addresses (maps.h) ---------------------------
-
-class In6(ctypes.Structure):
-    """struct kx_in6: an IPv6 address as four network-order words (raw wire bytes)."""
-    _fields_ = [("w", u32 * 4)]
-
-
-class SvcKey6(ctypes.Structure):
-    _fields_ = [("vip", In6), ("port", u16), ("proto", u8), ("pad", u8)]
-
-
-class BackendValue6(ctypes.Structure):
-    _fields_ = [("addr", In6), ("port", u16), ("pad", u16)]
-
-
-class CtKey6(ctypes.Structure):
-    _fields_ = [("saddr", In6), ("daddr", In6), ("sport", u16), ("dport", u16),
-                ("proto", u8), ("dir", u8), ("pad", u16)]
-
-
-class CtEntry6(ctypes.Structure):
-    _fields_ = [("last_ns", u64), ("flags", u64), ("client_addr", In6), ("front_addr", In6),
-                ("backend_addr", In6), ("src_addr", In6), ("client_port", u16), ("front_port", u16),
-                ("backend_port", u16), ("src_port", u16), ("svc_id", u32), ("created_s", u32)]
-
-
-class FragKey6(ctypes.Structure):
-    _fields_ = [("saddr", In6), ("daddr", In6), ("id", u32), ("proto", u8), ("pad", u8 * 3)]
-
-
-class FragValue6(ctypes.Structure):
-    _fields_ = [("saddr", In6), ("daddr", In6)]
-
-
-class AffinityKey6(ctypes.Structure):
-    _fields_ = [("svc_id", u32), ("client", In6), ("set", u8), ("pad", u8 * 3)]
-
-
-class AffinityValue6(ctypes.Structure):
-    _fields_ = [("last_ns", u64), ("addr", In6), ("port", u16), ("pad", u16), ("pad2", u32)]
-
-
-class SrcRangeKey6(ctypes.Structure):
-    _fields_ = [("prefixlen", u32), ("svc_id", u32), ("addr", In6)]
-
-
-class SockRevKey6(ctypes.Structure):
-    _fields_ = [("cookie", u64), ("addr", In6), ("port", u16), ("pad", u16), ("pad2", u32)]
-
-
-class SockRevValue6(ctypes.Structure):
-    _fields_ = [("vip", In6), ("port", u16), ("pad", u16)]
-
-
-class LbConfig6(ctypes.Structure):
-    _fields_ = [("snat_addr", In6), ("cluster_cidr", In6), ("cluster_mask", In6), ("flags", u32),
-                ("svc_cidr", In6 * C["MAX_SVC_CIDRS"]), ("svc_mask", In6 * C["MAX_SVC_CIDRS"]),
-                ("src_port_min", u16), ("src_port_max", u16), ("node_addr", In6)]
-
-
-MIRRORS: dict[str, type[ctypes.Structure]] = {
-    "svc_key": SvcKey, "svc_value": SvcValue, "backend_key": BackendKey, "backend": BackendValue,
-    "maglev_key": MaglevKey, "maglev_chunk": MaglevChunk,
-    "ct_key": CtKey, "ct_entry": CtEntry, "frag_key": FragKey, "frag_value": FragValue,
-    "affinity_key": AffinityKey, "affinity_value": AffinityValue, "src_range_key": SrcRangeKey,
-    "lb_config": LbConfig, "sock_rev_key": SockRevKey, "sock_rev_value": SockRevValue, "svc_counters": SvcCounters,
-    "kx_in6": In6, "svc_key6": SvcKey6, "backend6": BackendValue6, "ct_key6": CtKey6, "ct_entry6": CtEntry6,
-    "frag_key6": FragKey6, "frag_value6": FragValue6, "affinity_key6": AffinityKey6,
-    "affinity_value6": AffinityValue6, "src_range_key6": SrcRangeKey6, "lb_config6": LbConfig6,
-    "sock_rev_key6": SockRevKey6, "sock_rev_value6": SockRevValue6,
-}
-"""C struct name -> ctypes mirror; the layout test walks this table."""
+(SvcKey, SvcValue, BackendKey, BackendValue, MaglevKey, MaglevChunk, CtKey, CtFlow, CtEntry, MasqWay, MasqEntry,
+ FragKey, FragValue, AffinityKey, AffinityValue, SrcRangeKey, LbConfig, SockRevKey, SockRevValue, SvcCounters,
+ In6, SvcKey6, BackendValue6, CtKey6, CtFlow6, CtEntry6, MasqWay6, MasqEntry6, FragKey6, FragValue6, AffinityKey6,
+ AffinityValue6, SrcRangeKey6, LbConfig6, SockRevKey6, SockRevValue6) = (MIRRORS[n] for n in (
+    "svc_key", "svc_value", "backend_key", "backend", "maglev_key", "maglev_chunk", "ct_key", "ct_flow", "ct_entry",
+    "masq_way", "masq_entry", "frag_key", "frag_value", "affinity_key", "affinity_value", "src_range_key",
+    "lb_config", "sock_rev_key", "sock_rev_value", "svc_counters", "kx_in6", "svc_key6", "backend6", "ct_key6",
+    "ct_flow6", "ct_entry6", "masq_way6", "masq_entry6", "frag_key6", "frag_value6", "affinity_key6",
+    "affinity_value6", "src_range_key6", "lb_config6", "sock_rev_key6", "sock_rev_value6"))
 
 
 # --- wire encodings -------------------------------------------------------------------
@@ -276,6 +140,10 @@ class Family:
         """This family's map of a per-family name ("services" -> maps.services6)."""
         return getattr(maps, name + self.suffix)
 
+    def struct(self, name: str) -> type:
+        """This family's struct of a per-family name ("ct_key" -> struct ct_key6)."""
+        return MIRRORS[name + self.suffix]
+
     def parse(self, text: str, what: str) -> str:
         """``text`` as this family's canonical address, else a KxlbError naming ``what``."""
         try:
@@ -290,7 +158,7 @@ class Family:
             raise KxlbError(f"{what} {text!r} is not an {self.name} network") from None
 
 
-V4 = Family(4, socket.AF_INET, 4, "", u32, SvcKey, BackendValue, SrcRangeKey, AffinityKey, AffinityValue, LbConfig,
+V4 = Family(4, socket.AF_INET, 4, "", ctypes.c_uint32, SvcKey, BackendValue, SrcRangeKey, AffinityKey, AffinityValue, LbConfig,
             ipaddress.IPv4Network, ipaddress.IPv4Address)
 V6 = Family(6, socket.AF_INET6, 16, "6", In6, SvcKey6, BackendValue6, SrcRangeKey6, AffinityKey6, AffinityValue6,
             LbConfig6, ipaddress.IPv6Network, ipaddress.IPv6Address)

@@ -16,8 +16,8 @@ from . import bpfsys
 from .errors import KxlbError
 from .layout import (C, AffinityKey, AffinityKey6, AffinityValue, AffinityValue6, BackendKey, BackendValue,
                      BackendValue6, CtEntry, CtEntry6, CtKey, CtKey6, FragKey, FragKey6, FragValue, FragValue6,
-                     LbConfig, LbConfig6, MaglevChunk, MaglevKey, SrcRangeKey, SrcRangeKey6, SvcCounters, SvcKey,
-                     SvcKey6, SvcValue)
+                     LbConfig, LbConfig6, MaglevChunk, MaglevKey, MasqEntry, MasqEntry6, SrcRangeKey, SrcRangeKey6,
+                     SvcCounters, SvcKey, SvcKey6, SvcValue)
 
 K = TypeVar("K", bound=ctypes.Structure)
 V = TypeVar("V", bound=ctypes.Structure)
@@ -285,6 +285,7 @@ class Maps:
     backends: BpfMap[BackendKey, BackendValue]
     maglev: BpfMap[MaglevKey, MaglevChunk]
     conntrack: BpfMap[CtKey, CtEntry]
+    masq_ports: BpfMap
     frags: BpfMap[FragKey, FragValue]
     affinity: BpfMap[AffinityKey, AffinityValue]
     src_ranges: BpfMap
@@ -295,6 +296,7 @@ class Maps:
     services6: BpfMap[SvcKey6, SvcValue]
     backends6: BpfMap[BackendKey, BackendValue6]
     conntrack6: BpfMap[CtKey6, CtEntry6]
+    masq_ports6: BpfMap
     frags6: BpfMap[FragKey6, FragValue6]
     affinity6: BpfMap[AffinityKey6, AffinityValue6]
     src_ranges6: BpfMap
@@ -304,13 +306,16 @@ class Maps:
     def open(cls, pin_dir: str = DEFAULT_PIN_DIR) -> "Maps":
         if not os.path.isdir(pin_dir):
             raise KxlbError(f"no datapath pinned at {pin_dir} (run `kxlb load --iface IF` first)")
-        p = lambda name: os.path.join(pin_dir, name)  # noqa: E731
+        from .mapspec import current_pin
+
+        p = lambda name: os.path.join(pin_dir, current_pin(name))  # noqa: E731: this build's pin of a map
         return cls(
             pin_dir=pin_dir,
             services=BpfMap(p("services"), SvcKey, SvcValue),
             backends=BpfMap(p("backends"), BackendKey, BackendValue),
             maglev=BpfMap(p("maglev"), MaglevKey, MaglevChunk),
             conntrack=BpfMap(p("conntrack"), CtKey, CtEntry),
+            masq_ports=BpfMap(p("masq_ports"), ctypes.c_uint32, MasqEntry),
             frags=BpfMap(p("frags"), FragKey, FragValue),
             affinity=BpfMap(p("affinity"), AffinityKey, AffinityValue),
             src_ranges=BpfMap(p("src_ranges"), SrcRangeKey, ctypes.c_uint8),
@@ -320,6 +325,7 @@ class Maps:
             services6=BpfMap(p("services6"), SvcKey6, SvcValue),
             backends6=BpfMap(p("backends6"), BackendKey, BackendValue6),
             conntrack6=BpfMap(p("conntrack6"), CtKey6, CtEntry6),
+            masq_ports6=BpfMap(p("masq_ports6"), ctypes.c_uint32, MasqEntry6),
             frags6=BpfMap(p("frags6"), FragKey6, FragValue6),
             affinity6=BpfMap(p("affinity6"), AffinityKey6, AffinityValue6),
             src_ranges6=BpfMap(p("src_ranges6"), SrcRangeKey6, ctypes.c_uint8),
@@ -327,9 +333,9 @@ class Maps:
         )
 
     def close(self) -> None:
-        for m in (self.services, self.backends, self.maglev, self.conntrack, self.frags, self.affinity, self.src_ranges,
-                  self.svc_stats, self.dp_stats, self.config, self.services6, self.backends6, self.conntrack6,
-                  self.frags6, self.affinity6, self.src_ranges6, self.config6):
+        for m in (self.services, self.backends, self.maglev, self.conntrack, self.masq_ports, self.frags, self.affinity,
+                  self.src_ranges, self.svc_stats, self.dp_stats, self.config, self.services6, self.backends6,
+                  self.conntrack6, self.masq_ports6, self.frags6, self.affinity6, self.src_ranges6, self.config6):
             m.close()
 
     def __enter__(self) -> "Maps":

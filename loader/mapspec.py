@@ -166,6 +166,11 @@ def conntrack_cflags(flows: int) -> list[str]:
     return [f"-DKXLB_CT_ENTRIES={2 * flows}", f"-DKXLB_CT6_ENTRIES={max(1024, flows // 2)}"]
 
 
+def current_pin(base: str) -> str:
+    """This build's pin of the map ``base`` (its versioned name: conntrack -> conntrack_v2)."""
+    return next((pin for pin, spec in _SPECS.items() if spec.base == base), base)
+
+
 def released_layouts(path: Path = LAYOUTS_FILE) -> dict[tuple[str, int], str]:
     """(base name, version) -> layout digest of every layout a release shipped."""
     out = {}
@@ -196,7 +201,8 @@ def known_pins() -> set[str]:
     return build_pins() | {SVC_IDS_PIN} | {pin_name(base, v) for base, v in released_layouts()}
 
 
-LAYOUT_VERSION = 1 + sum(split_pin(p)[1] - 1 for p in datapath_specs())
+_SPECS = datapath_specs()
+LAYOUT_VERSION = 1 + sum(split_pin(p)[1] - 1 for p in _SPECS)
 """The datapath's layout generation: 1 plus every version bump of any of its maps, so it
 grows with each layout change (what `kxlb version` reports; the maps' own versions are in
 their pin names)."""

@@ -6,11 +6,14 @@ entry across (loader/datapath.py), converting entries between layout versions wi
 converters registered here. Conntrack is copied too, so established flows keep their
 backend and their reverse NAT across the upgrade.
 
-A converter takes one old entry (key bytes, value bytes) and returns the new entries
-(none drops it). One is registered per step (base name, version, version + 1); a chain
-of them spans several releases. tests/test_layout.py checks that every stateful map with an
-older released layout (bpf/layouts.txt) has a path to this build's version, unless it is
-declared DISPOSABLE (state the datapath rebuilds on its own).
+A converter takes every entry of the old map (key bytes, value bytes) and writes the new
+layout's entries through a Targets: into the map itself, and into maps the new layout
+adds (conntrack's layout 2 puts a masqueraded flow's port into masq_ports). One is
+registered per step (base name, version, version + 1), and one per step back for `kxlb
+downgrade` (version + 1 to version); a chain of them spans several releases.
+tests/test_layout.py checks that every stateful map with an older released layout
+(bpf/layouts.txt) has a path to this build's version, unless it is declared DISPOSABLE
+(state the datapath rebuilds on its own).
 """
 from __future__ import annotations
 
@@ -18,16 +21,16 @@ import ctypes
 import errno
 import os
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from . import bpfsys
 from .errors import KxlbError
 
 Entry = tuple[bytes, bytes]
-Converter = Callable[[bytes, bytes], list[Entry]]
+Converter = Callable[[Iterable[Entry], "Targets"], None]
 
 CONVERTERS: dict[tuple[str, int, int], Converter] = {}
-"""(base name, version, version + 1) -> converter of one entry."""
+"""(base name, from version, to version) -> converter, one per step up or down."""
 
 DISPOSABLE = {"frags", "frags6"}
 """Maps whose contents may start empty after a layout change: in-flight fragment state
@@ -47,9 +50,10 @@ def converter(base: str, frm: int, to: int):
 
 
 def path(base: str, frm: int, to: int) -> list[Converter] | None:
-    """The converters from version ``frm`` up to ``to``, one per step (empty when equal),
-    or None when a step has none."""
-    steps = [CONVERTERS.get((base, v, v + 1)) for v in range(frm, to)]
+    """The converters from version ``frm`` to ``to`` (up or down), one per step (empty
+    when equal), or None when a step has none."""
+    step = 1 if to >= frm else -1
+    steps = [CONVERTERS.get((base, v, v + step)) for v in range(frm, to, step)]
     return None if None in steps else steps  # type: ignore[return-value]
 
 
@@ -103,6 +107,12 @@ class _RawMap:
                 continue  # deleted meanwhile (an LRU eviction), or an empty slot of a map of maps
             yield key.raw, val.raw, 1
 
+    def get(self, key: bytes) -> bytes | None:
+        val = ctypes.create_string_buffer(self.value_buf_size)
+        if bpfsys.lib().bpf_map_lookup_elem(self.fd, key, val) < 0:
+            return None
+        return val.raw
+
     def put(self, key: bytes, value: bytes, flags: int) -> int:
         """Returns 0, or the errno of a refusal."""
         fd_to_close = -1
@@ -120,31 +130,86 @@ class _RawMap:
         return -ret if ret < 0 else 0
 
 
-def copy(old_fd: int, new_fd: int, converters: list[Converter], only_new: bool) -> CopyResult:
-    """Copy every entry of the map ``old_fd`` into ``new_fd`` through ``converters``.
-    ``only_new``: an entry whose key the new map holds already is kept as it is (the
-    second pass after the new programs took over: what they wrote is newer)."""
+class Targets:
+    """Where a converter writes: the maps of the new layout by base name (the converted
+    map itself, and the maps its new layout adds). ``only_new``: the second pass, after
+    the new programs took over: what they wrote is newer, so an existing key is kept (a
+    hash map), and an array entry is merged (``merge``: current bytes, converted bytes ->
+    bytes to write)."""
+
+    def __init__(self, maps: dict[str, "_RawMap"], only_new: bool):
+        self.maps, self.only_new = maps, only_new
+        self.result = CopyResult()
+
+    def put(self, base: str, key: bytes, value: bytes, merge: Callable[[bytes, bytes], bytes] | None = None) -> None:
+        m = self.maps[base]
+        array = m.type in (MAP_TYPE_ARRAY, MAP_TYPE_PERCPU_ARRAY, MAP_TYPE_ARRAY_OF_MAPS)
+        if self.only_new and array and merge is not None:
+            current = m.get(key)
+            if current is not None:
+                value = merge(current, value)
+        flags = bpfsys.BPF_NOEXIST if self.only_new and not array else bpfsys.BPF_ANY
+        err = m.put(key, value, flags)
+        if err == 0:
+            self.result.copied += 1
+        elif err == errno.EEXIST:
+            self.result.skipped += 1
+        else:
+            self.result.failed += 1
+
+    def drop(self, n: int = 1) -> None:
+        """Entries the new layout cannot hold (counted as failed)."""
+        self.result.failed += n
+
+
+def convert(old_fd: int, targets: Targets, steps: list[Converter]) -> CopyResult:
+    """Every entry of the map ``old_fd`` through a chain of converters into ``targets``.
+    A chain of more than one step passes each step's output for the converted map on to
+    the next (in memory)."""
+    entries: Iterable[Entry] = _RawMap(old_fd).entries()
+    for i, step in enumerate(steps):
+        if i == len(steps) - 1:
+            step(entries, targets)
+        else:
+            held = _Held(targets)
+            step(entries, held)
+            entries = held.own
+    return targets.result
+
+
+class _Held(Targets):
+    """A step in the middle of a chain: its output for its own map is kept for the next
+    step; what it writes into other maps goes straight to the targets."""
+
+    def __init__(self, targets: Targets):
+        self.targets, self.own = targets, []
+        self.maps, self.only_new, self.result = targets.maps, targets.only_new, targets.result
+
+    def put(self, base, key, value, merge=None) -> None:
+        if base == SELF:
+            self.own.append((key, value))
+        else:
+            self.targets.put(base, key, value, merge)
+
+
+SELF = ""
+"""The base name a converter writes its own map's entries under."""
+
+
+def copy(old_fd: int, new_fd: int, only_new: bool) -> CopyResult:
+    """Copy every entry of the map ``old_fd`` into ``new_fd`` of the same layout (another
+    capacity). ``only_new``: see Targets."""
     src, dst = _RawMap(old_fd), _RawMap(new_fd)
-    if src.value_buf_size != dst.value_buf_size and not converters:
+    if src.value_buf_size != dst.value_buf_size:
         raise KxlbError(f"cannot copy a map with {src.value_size}-byte values into one with {dst.value_size}")
     arrays = dst.type in (MAP_TYPE_ARRAY, MAP_TYPE_PERCPU_ARRAY, MAP_TYPE_ARRAY_OF_MAPS)
-    flags = bpfsys.BPF_NOEXIST if only_new and not arrays else bpfsys.BPF_ANY
-    out = CopyResult()
+    targets = Targets({SELF: dst}, only_new)
     for key, value in src.entries():
-        entries = [(key, value)]
-        for conv in converters:
-            entries = [e for k, v in entries for e in conv(k, v)]
-        if not entries:
-            out.skipped += 1
-        for k, v in entries:
-            if arrays and int.from_bytes(k[:4], "little") >= dst.max_entries:
-                out.failed += 1   # an array that shrank: the index no longer exists
-                continue
-            err = dst.put(k, v, flags)
-            if err == 0:
-                out.copied += 1
-            elif err == errno.EEXIST:
-                out.skipped += 1
-            else:
-                out.failed += 1
-    return out
+        if arrays and int.from_bytes(key[:4], "little") >= dst.max_entries:
+            targets.drop()   # an array that shrank: the index no longer exists
+            continue
+        targets.put(SELF, key, value)
+    return targets.result
+
+
+from . import ct_migrate  # noqa: E402,F401 (registers conntrack's converters: it imports this module)

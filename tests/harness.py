@@ -136,6 +136,10 @@ def clean_table(maps) -> Iterator:
                   maps.affinity6):
             for k in list(m.keys()):
                 m.delete(k)
+        for m in (maps.masq_ports, maps.masq_ports6):  # arrays: their claimed ways emptied
+            for k, v in m.items():
+                if any(w.claim for w in v.way):
+                    m.put(k, type(v)())
         t.set_config(DatapathConfig())
 
 

@@ -19,7 +19,7 @@ from scapy.layers.l2 import Ether
 from harness import CLIENT_MAC, NODE_MAC, clean_table, eth
 from kxlb.loader import conntrack
 from kxlb.loader.services import DatapathConfig, ServiceTable
-from kxlb.loader.layout import C, Backend, CtKey6, ServiceKey, c_to_ip6, ip6_to_c, port_to_raw
+from kxlb.loader.layout import V6, C, Backend, CtKey6, ServiceKey, c_to_ip6, ip6_to_c, port_to_raw
 from kxlb.loader.svcspec import Frontend, Kind, LbService
 
 CLIENT = "fd00:10::2"
@@ -94,16 +94,16 @@ def test_new_tcp_flow_is_dnated_and_tracked(hook, maps):
     assert (p[IPv6].src, p[TCP].sport) == (CLIENT, 40000)
     assert (p[IPv6].dst, p[TCP].dport) == (BACKEND, BPORT)
     assert bytes(p[TCP].payload) == b"hello"
-    key = CtKey6(saddr=ip6_to_c(CLIENT), daddr=ip6_to_c(VIP), sport=port_to_raw(40000), dport=port_to_raw(PORT),
-                 proto=6, dir=C["CT_DIR_FWD"])
-    e = maps.conntrack6.get(key)
-    assert e is not None and c_to_ip6(e.backend_addr) == BACKEND
-    assert e.svc_id == ServiceTable(maps).read_all()[ServiceKey(VIP, PORT, 6)].svc_id
-    # user space finds the flow's REV entry where the datapath put it (the same order of
-    # IPv6 addresses: loader/conntrack.py), and shows it bracketed
-    flow = conntrack.get_flow(maps, key)
-    assert flow.entries == 2 and (str(flow.client), str(flow.backend)) == (f"[{CLIENT}]:40000", f"[{BACKEND}]:{BPORT}")
-    assert [f.fwd_key for f in conntrack.flows(maps)] and conntrack.delete_flow(maps, flow) == 2
+    key = CtKey6(addr=ip6_to_c(CLIENT), port=port_to_raw(40000), proto=6)   # the client socket's record
+    rec = maps.conntrack6.get(key)
+    assert rec is not None and c_to_ip6(rec.flow[0].backend_addr) == BACKEND
+    assert rec.flow[0].svc_id == ServiceTable(maps).read_all()[ServiceKey(VIP, PORT, 6)].svc_id
+    # user space reads the flow as the datapath wrote it (loader/conntrack.py), and shows
+    # IPv6 endpoints bracketed
+    flow, = conntrack.get_flows(maps, V6, CLIENT, 40000, 6)
+    assert (str(flow.client), str(flow.front), str(flow.backend)) == (f"[{CLIENT}]:40000", f"[{VIP}]:{PORT}",
+                                                                      f"[{BACKEND}]:{BPORT}")
+    assert conntrack.delete_flow(maps, flow) and maps.conntrack6.get(key) is None
 
 
 def test_reply_is_reverse_nated_to_the_vip(hook, maps):
