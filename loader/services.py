@@ -454,6 +454,21 @@ class ServiceTable:
         wanted = fronts.ids_at(vip, port, proto)
         return sorted(self._read_ids(fam, {i: fronts.entries(i) for i in wanted}), key=lambda st: st.key)
 
+    def get(self, key: ServiceKey) -> ServiceState | None:
+        """As this table last read or wrote it (see read_backends for a fresh look)."""
+        return self.states.get(key)
+
+    def read_backends(self, key: ServiceKey) -> tuple[Backend, ...] | None:
+        """The cluster-wide set of a service port straight from the maps (for a reader
+        polling another process's writes); None if there is no such service port."""
+        fam = key.family
+        v = fam.map(self.maps, "services").get(key.to_c())
+        if v is None or v.kind != Kind.CLUSTER_IP:
+            return None
+        backends = fam.map(self.maps, "backends")
+        bs = (backends.get(BackendKey(svc_id=v.svc_id, slot=i, gen=v.gen, set=SETS[0])) for i in range(v.count))
+        return tuple(Backend.from_c(b) for b in bs if b is not None)
+
     def _read_ids(self, fam: Family, by_id: dict[int, list[tuple[ServiceKey, SvcValue]]]) -> list[ServiceState]:
         """Service ports from their frontends' entries, their slots and tables read with
         direct lookups (no scan of the backend and Maglev maps)."""
