@@ -11,7 +11,13 @@
  * The *6 hooks serve IPv6 services, and IPv4-mapped addresses (::ffff:a.b.c.d) of
  * dual-stack AF_INET6 sockets (Java, Go) exactly as the *4 hooks serve AF_INET ones.
  * sock_rev and sock_rev6 (maps.h) remember, per socket and backend, which VIP:port to
- * show. The translation itself is sock.tmpl.h, once per family. */
+ * show. The translation itself is sock.tmpl.h, once per family.
+ *
+ * Only the host's sockets are translated: the hooks sit on a cgroup (often the root)
+ * that holds pods too, and a pod's socket translated here would be judged as the node
+ * (loadBalancerSourceRanges, affinity), and its connected UDP sockets would escape the
+ * conntrack cleanup. A pod's packets cross the tc hook on its veth instead, which judges
+ * them by their real source, as kube-proxy does (Cilium's bpf-lb-sock-hostns-only). */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/in.h>
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -28,6 +34,22 @@
 #include "sock.h"
 
 
+/* The host's network namespace, by cookie (bpf_get_netns_cookie): written by the loader
+ * into each build's map before its hooks are attached (loader/socklb.py), and carried
+ * over from the programs they replace. A private map, not a pinned one: its value
+ * belongs to the programs that read it. 0 (not set: hooks attached by a kxlb that did
+ * not know the namespace) translates every socket, as kxlb did before. */
+BPF_ARRAY(sock_hostns, __u64, 1);
+
+/* Is this socket the host's (to be translated here), or a pod's (left to tc)? */
+static __always_inline int sock_in_hostns(struct bpf_sock_addr *ctx)
+{
+	int zero = 0;
+	__u64 *host = sock_hostns.lookup(&zero);
+
+	return !host || !*host || bpf_get_netns_cookie(ctx) == *host;
+}
+
 /* The translation of each family: sock_translate()/sock_untranslate() for IPv4
  * services, sock_translate6()/sock_untranslate6() for IPv6 ones. */
 #define KX_FAM 4
@@ -39,6 +61,8 @@
  * (4-byte writes: the only size the verifier accepts for them). */
 static __always_inline int sock4_translate(struct bpf_sock_addr *ctx)
 {
+	if (!sock_in_hostns(ctx))
+		return 1;
 	__be32 addr = ctx->user_ip4;
 	__be16 port = (__be16)ctx->user_port;
 	int ok = sock_translate(ctx, &addr, &port);
@@ -50,6 +74,9 @@ static __always_inline int sock4_translate(struct bpf_sock_addr *ctx)
 	return ok;
 }
 
+/* Replies and peer names are untranslated in every namespace: only a socket the hooks
+ * translated has a sock_rev entry, and a pod's socket translated before its namespace
+ * was known (an upgrade from a kxlb that translated pods) still needs its VIP shown. */
 static __always_inline int sock4_untranslate(struct bpf_sock_addr *ctx)
 {
 	__be32 addr = ctx->user_ip4;
@@ -88,6 +115,8 @@ static __always_inline void sock6_write(struct bpf_sock_addr *ctx, const struct 
 
 static __always_inline int sock6_translate(struct bpf_sock_addr *ctx)
 {
+	if (!sock_in_hostns(ctx))
+		return 1;
 	__be16 port = (__be16)ctx->user_port;
 	int ok;
 

@@ -149,7 +149,7 @@ def run(a) -> None:
         dp = prepare_datapath(a.pin_dir, reg, lock, conntrack_cflags(flows))
         if a.cgroup:
             from kxlb.loader.socklb import attach_socket_lb
-            attach_socket_lb(a.pin_dir, a.cgroup)  # the pinned hooks: the cgroup keeps them attached
+            attach_socket_lb(a.pin_dir, a.cgroup, a.netns)  # the pinned hooks, for the node's namespace only
             log.info("socket-level load balancing attached to cgroup %s", a.cgroup)
         if a.iface:
             attacher = InterfaceAttacher(dp, a.netns, a.iface, a.xdp_mode if a.xdp else None, a.pin_dir,

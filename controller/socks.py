@@ -21,10 +21,15 @@ connected straight to a pod address (no sock_rev entry) is not ours either.
 IPv6 services' sockets are found the same way in sock_rev6 (an AF_INET6 socket with an
 IPv6 peer); an IPv4-mapped peer is an IPv4 service's, in sock_rev.
 
+Only the sockets of the node's network namespace (`--netns`, else the controller's)
+are looked at: the only namespace whose sockets the hooks translate (bpf/sock.c,
+sock_hostns). A pod's connected UDP socket, even in the hooks' cgroup, is connected to
+the VIP itself; its datagrams are a tc flow, which controller/conntrack.py's cleanup
+deletes, so it moves on without being destroyed.
+
 Limits: sock_rev is an LRU; a socket whose entry was evicted (the map is sized as
-conntrack) is not found. Only the sockets of the node's network namespace
-(`--netns`, else the controller's) are seen, which is where host-network processes
-live.
+conntrack) is not found. A pod's socket that a kxlb translated before it knew the
+node's namespace lives in the pod's namespace and is not found either.
 """
 from __future__ import annotations
 

@@ -503,13 +503,17 @@ class Lab:
             self.log(f"the namespaces, cgroups and pins named {self.name}-* belong to the lab in {owner}: "
                      f"left alone")
         else:
-            # Pins of any node this lab ever had, also with another node count.
+            removed = self.topology.destroy()
+            # Pins of any node this lab ever had, also with another node count: after the
+            # namespaces and cgroups (and the processes in them, a DaemonSet's controller
+            # holding its pin directory's lock among them) are gone, with every
+            # attachment. (A proxy switch removes kxlb through `kxlb cleanup` instead:
+            # lab/proxies.py clear_bpf.)
             bpffs = self.topology.bpffs
             if os.path.isdir(bpffs):
                 for d in os.listdir(bpffs):
                     if d.startswith(f"{self.name}-node-"):
-                        proxies.clear_bpf(NodeSpec(d, 0, "", "", "", "", os.path.join(bpffs, d), ""))
-            removed = self.topology.destroy()
+                        shutil.rmtree(os.path.join(bpffs, d), ignore_errors=True)
             # The kubelets' cgroup v1 trees (lab/kubelet.py), under the same path.
             removed += kubelet.remove_v1_cgroups("/" + os.path.relpath(self.topology.cgroup_dir,
                                                                        self.topology.cgroup_root))

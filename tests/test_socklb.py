@@ -55,14 +55,16 @@ class HostLab:
     def be(self, i: int) -> str:
         return f"{self.lab.backend_ip(i)}:{PORT}"
 
-    def _argv(self, code: str, args) -> list[str]:
-        # Into the cgroup first (`ip netns exec` remounts /sys), then the node's netns.
-        return ["sh", "-c", f'echo $$ > {self.cgroup}/cgroup.procs && exec ip netns exec {self.lab.node} '
-                f'{sys.executable} -c "$0" "$@"', PRELUDE + code, *map(str, args)]
+    def _argv(self, code: str, args, ns: str | None = None, cgroup: str | None = None) -> list[str]:
+        # Into the cgroup first (`ip netns exec` remounts /sys), then the node's netns
+        # (a pod's: the lab's client namespace, in the same cgroup as a real node's root).
+        return ["sh", "-c", f'echo $$ > {cgroup or self.cgroup}/cgroup.procs && exec ip netns exec '
+                f'{ns or self.lab.node} {sys.executable} -c "$0" "$@"', PRELUDE + code, *map(str, args)]
 
-    def run(self, code: str, *args) -> list:
-        """Run ``code`` as a host process; returns the JSON lines it printed."""
-        r = subprocess.run(self._argv(code, args), capture_output=True, text=True, timeout=60)
+    def run(self, code: str, *args, ns: str | None = None, cgroup: str | None = None) -> list:
+        """Run ``code`` as a host process (in ``ns``: another namespace of the cgroup);
+        returns the JSON lines it printed."""
+        r = subprocess.run(self._argv(code, args, ns, cgroup), capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         return [json.loads(line) for line in r.stdout.splitlines()]
 
@@ -82,15 +84,25 @@ def host():
         os.makedirs(h.cgroup)
         try:
             compile_datapath(lab.pin_dir)  # as the controller does: the maps, then the hooks
-            attach_socket_lb(lab.pin_dir, h.cgroup)
+            attach_socket_lb(lab.pin_dir, h.cgroup, lab.node)  # the node's sockets are the host's
             yield h
         finally:
             os.rmdir(h.cgroup)  # detaches the hooks
 
 
+def cgroup_programs(cgroup: str) -> list[tuple[str, str, str]]:
+    """(attach type, program name, attach flags) of every program attached to ``cgroup``."""
+    out = subprocess.run(["bpftool", "-j", "cgroup", "show", cgroup], capture_output=True, text=True).stdout
+    return [(p["attach_type"], p["name"], p["attach_flags"]) for p in json.loads(out.strip() or "[]")]
+
+
 def test_all_eight_hooks_are_attached(host):
-    out = subprocess.run(["bpftool", "-j", "cgroup", "show", host.cgroup], capture_output=True, text=True).stdout
-    got = {p["attach_type"]: p["name"] for p in json.loads(out)}
+    """Each once, beside others (BPF_F_ALLOW_MULTI): attached exclusively they would
+    forbid every other tool's program of their types on this cgroup and below it."""
+    progs = cgroup_programs(host.cgroup)
+    assert {flags for _, _, flags in progs} == {"multi"}
+    got = {t: name for t, name, _ in progs}
+    assert len(got) == len(progs) == 8
     assert got == {f"cgroup_{t}": f"kxlb_{h}" for t, h in
                    [("inet4_connect", "connect4"), ("udp4_sendmsg", "sendmsg4"), ("udp4_recvmsg", "recvmsg4"),
                     ("inet4_getpeername", "getpeername4"), ("inet6_connect", "connect6"),
@@ -353,3 +365,258 @@ for ip in sys.argv[1:]:
             assert host.run(code, lb_ip, "10.250.100.10") == ["connected", "ETIMEDOUT"]
         finally:
             table.set_config(DatapathConfig())
+
+
+# --- pods: their sockets are not the host's ---------------------------------------------------------
+@pytest.fixture
+def pods(host):
+    """The lab's client namespace as a pod of the node: its processes in the hooks'
+    cgroup (a real node's root cgroup holds its pods), its packets through tc hooks on
+    the node's interfaces, as a pod's cross the tc hook on its veth."""
+    from kxlb.loader import attach, devconf
+    from kxlb.loader.compile import pinned_datapath
+    from kxlb.loader.maps import Maps
+    from kxlb.loader.services import DatapathConfig, ServiceTable
+
+    lab = host.lab
+    dp = pinned_datapath(host.pin_dir)
+    maps = Maps.open(host.pin_dir)
+    table = ServiceTable(maps)
+    try:
+        # External frontends masquerade (eTP Cluster): to the node's address toward the pod.
+        table.set_config(DatapathConfig(snat_addrs=(lab.node_client_ip, lab.node_client_ip6),
+                                        node_addrs=(lab.node_client_ip, lab.node_client_ip6)))
+        for iface in lab.node_ifaces:
+            devconf.prepare_interface(lab.node, iface)  # as a load does: masqueraded packets come from the node
+            attach.attach_tc(lab.node, iface, dp.tc_fd, "ingress")
+            attach.attach_tc(lab.node, iface, dp.tc_egress_fd, "egress")
+        yield host
+    finally:
+        for iface in lab.node_ifaces:
+            attach.detach_tc(lab.node, iface)
+        table.set_config(DatapathConfig())
+        maps.close()
+        for fd in (dp.tc_fd, dp.xdp_fd, dp.tc_egress_fd):
+            os.close(fd)
+
+
+JUDGED = r'''
+# TCP connect and unconnected UDP to each load-balancer IP: [backend, peer] or the error.
+fam = sys.argv[1]
+def one(kind, ip, port, send):
+    s = mk(fam, kind); s.settimeout(1.5)
+    try:
+        data, peer = send(s, addr(fam, ip, port))
+        return [data.decode().split()[0], peer[0].removeprefix("::ffff:")]
+    except OSError as e:
+        return "no answer" if e.errno is None else err(e)
+def tcp(s, a):
+    s.connect(a); s.sendall(b"t\n"); return s.recv(100), s.getpeername()
+def udp(s, a):
+    s.sendto(b"u", a); return s.recvfrom(100)
+for ip in sys.argv[2:]:
+    out([one(socket.SOCK_STREAM, ip, 80, tcp), one(socket.SOCK_DGRAM, ip, 53, udp)])
+'''
+
+
+@pytest.mark.parametrize("fam", ["v4", "v6", "ipv6-service"])
+def test_a_pods_sockets_are_judged_as_the_pod_not_as_the_node(pods, fam):
+    """loadBalancerSourceRanges that admit the pod's address but not the node's, and the
+    reverse. A pod's socket is not translated by the hooks (its namespace is not the
+    host's): its packets reach tc, which judges the pod's address. The node's processes
+    are still translated by the hooks and judged by the node's address. (Judged as the
+    node, the pod would be refused the first frontend and admitted to the second.)"""
+    lab = pods.lab
+    six = fam == "ipv6-service"
+    net = {"v4": "10.96.9.", "v6": "10.96.10.", "ipv6-service": "fd00:96::9:"}[fam]
+    pod_only, node_only, lb_pod_only, lb_node_only = (net + n for n in ("1", "2", "11", "12"))
+    if six:
+        pod_addr, node_addr, be, fam = lab.client_ip6, lab.node_client_ip6, f"[{lab.backend_ip6(0)}]:{PORT}", "v6"
+        front = lambda a: f"[{a}]"  # noqa: E731
+    else:
+        pod_addr, node_addr, be, front = lab.client_ip, lab.node_client_ip, pods.be(0), (lambda a: a)
+    bits = 128 if six else 32
+    for proto in ("tcp", "udp"):
+        port = 80 if proto == "tcp" else 53
+        pods.kxlb("service", "add", f"{front(pod_only)}:{port}/{proto}", be, "--load-balancer-ip", lb_pod_only,
+                  "--source-range", f"{pod_addr}/{bits}")
+        pods.kxlb("service", "add", f"{front(node_only)}:{port}/{proto}", be, "--load-balancer-ip", lb_node_only,
+                  "--source-range", f"{node_addr}/{bits}")
+    from_pod = pods.run(JUDGED, fam, lb_pod_only, lb_node_only, ns=lab.client)
+    from_node = pods.run(JUDGED, fam, lb_pod_only, lb_node_only)
+    assert from_pod == [[["be0", lb_pod_only]] * 2, ["no answer"] * 2]
+    assert from_node == [["ETIMEDOUT"] * 2, [["be0", lb_node_only]] * 2]
+
+
+# --- good neighbour: other tools' cgroup programs ------------------------------------------------------
+OTHER_TOOL = r"""
+BPF_ARRAY(calls, u64, 1);
+static __always_inline int count(void)
+{
+	int zero = 0;
+	u64 *n = calls.lookup(&zero);
+
+	if (n)
+		__sync_fetch_and_add(n, 1);
+	return 1;
+}
+int other_connect4(struct bpf_sock_addr *ctx) { return count(); }
+int other_connect6(struct bpf_sock_addr *ctx) { return count(); }
+"""
+
+
+class OtherTool:
+    """Another tool's cgroup programs (a monitor): they count the connect() calls they see."""
+
+    def __init__(self):
+        from bcc import BPF
+
+        from kxlb.loader.socklb import ATTACH_TYPES
+
+        self.bpf = BPF(text=OTHER_TOOL.encode())
+        self.progs = {name: (self.bpf.load_func(name.encode(), BPF.CGROUP_SOCK_ADDR, attach_type=ATTACH_TYPES[t]).fd,
+                             ATTACH_TYPES[t])
+                      for name, t in (("other_connect4", "CGROUP_INET4_CONNECT"),
+                                      ("other_connect6", "CGROUP_INET6_CONNECT"))}
+
+    def attach(self, name: str, cgroup: str, flags: int) -> None:
+        from kxlb.loader import bpfsys
+
+        fd, atype = self.progs[name]
+        cg = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            bpfsys.check(bpfsys.lib().bpf_prog_attach(fd, cg, atype, flags), f"attach {name}")
+        finally:
+            os.close(cg)
+
+    @property
+    def calls(self) -> int:
+        import ctypes
+
+        return self.bpf[b"calls"][ctypes.c_int(0)].value
+
+
+@pytest.fixture(scope="module")
+def other_tool():
+    return OtherTool()
+
+
+@pytest.fixture
+def cgroup():
+    """A cgroup of its own (the host fixture's keeps its hooks): removing it detaches
+    whatever is attached there."""
+    from kxlb.lab.netlab import unique_tag
+
+    path = f"/sys/fs/cgroup/unified/{unique_tag()}"
+    os.makedirs(path)
+    yield path
+    os.rmdir(path)
+
+
+KXLB_HOOKS = sorted(f"kxlb_{h}{f}" for h in ("connect", "sendmsg", "recvmsg", "getpeername") for f in "46")
+CONNECT_VIP = r'''
+s = mk("v4", socket.SOCK_STREAM); s.settimeout(3)
+try: s.connect((sys.argv[1], 80)); s.sendall(b"t\n"); out(s.recv(100).decode().split()[0])
+except OSError as e: out(err(e))
+'''
+
+
+def test_another_tools_programs_keep_running_beside_ours(host, other_tool, cgroup):
+    """Another tool's connect4 program on the hooks' cgroup (attached with
+    BPF_F_ALLOW_MULTI, as a neighbour does) stays attached and keeps running when kxlb
+    attaches, attaches again the same build, switches to a new build (what a load does)
+    and detaches; a tool attaching after kxlb is not refused; and kxlb never has two
+    programs on one hook. (Attached exclusively, kxlb was refused beside the first tool,
+    and refused the second.)"""
+    from kxlb.loader.socklb import (BPF_F_ALLOW_MULTI, attach_sock_programs, attach_socket_lb, compile_sock,
+                                    detach_socket_lb, host_netns_of, netns_cookie)
+
+    def ours():
+        return sorted(name for _, name, _ in cgroup_programs(cgroup) if name.startswith("kxlb_"))
+
+    def connect4_order():
+        return [name for t, name, _ in cgroup_programs(cgroup) if t == "cgroup_inet4_connect"]
+
+    def connect(vip):
+        before = other_tool.calls
+        got = host.run(CONNECT_VIP, vip, cgroup=cgroup)[0]
+        return got, other_tool.calls - before
+
+    host.kxlb("service", "add", "10.96.7.30:80/tcp", host.be(1))
+    other_tool.attach("other_connect4", cgroup, BPF_F_ALLOW_MULTI)
+    attach_socket_lb(host.pin_dir, cgroup, host.lab.node)
+    assert ours() == KXLB_HOOKS
+    assert connect4_order() == ["other_connect4", "kxlb_connect4"]  # in the order they came
+    assert connect("10.96.7.30") == ("be1", 1)
+
+    attach_socket_lb(host.pin_dir, cgroup, host.lab.node)  # the same build again: nothing to replace
+    assert ours() == KXLB_HOOKS and connect4_order() == ["other_connect4", "kxlb_connect4"]
+
+    new = compile_sock(host.pin_dir)  # the next build, as a load stages it, then switches to it
+    assert host_netns_of(new.values()) == 0
+    attach_sock_programs(new, cgroup)
+    assert ours() == KXLB_HOOKS and connect4_order() == ["other_connect4", "kxlb_connect4"]  # in place
+    ids = {p["name"]: p["id"] for p in json.loads(subprocess.run(["bpftool", "-j", "cgroup", "show", cgroup],
+                                                                  capture_output=True, text=True).stdout)}
+    from kxlb.loader.attach import prog_ref
+
+    assert {ids[n] for n in KXLB_HOOKS} == {prog_ref(fd).id for fd in new.values()}
+    assert host_netns_of(new.values()) == netns_cookie(host.lab.node)  # the host namespace came along
+    assert connect("10.96.7.30") == ("be1", 1)
+
+    other_tool.attach("other_connect6", cgroup, BPF_F_ALLOW_MULTI)  # a tool arriving after kxlb
+    assert detach_socket_lb(cgroup) == 8
+    assert sorted(name for _, name, _ in cgroup_programs(cgroup)) == ["other_connect4", "other_connect6"]
+    assert connect("10.96.7.30") == ("ENETUNREACH", 1)  # not translated any more; still counted
+
+
+def test_another_tools_exclusive_program_is_not_replaced(host, other_tool, cgroup):
+    """A program attached without BPF_F_ALLOW_MULTI allows no other on its attach type:
+    kxlb refuses to attach, naming it, and changes nothing (it used to replace it)."""
+    from kxlb.loader.errors import KxlbError
+    from kxlb.loader.socklb import attach_socket_lb
+
+    other_tool.attach("other_connect4", cgroup, 0)
+    with pytest.raises(KxlbError, match=r"cgroup_inet4_connect holds another tool's program.*other_connect4"):
+        attach_socket_lb(host.pin_dir, cgroup, host.lab.node)
+    assert cgroup_programs(cgroup) == [("cgroup_inet4_connect", "other_connect4", "")]
+
+
+def test_a_cgroup_above_that_forbids_the_hooks_refuses_them_before_any_change(host, other_tool, cgroup):
+    """An exclusive program on a parent cgroup forbids its attach type below it (the
+    kernel's rule): kxlb names it and attaches none of its hooks, not the four that come
+    before the forbidden one."""
+    from kxlb.loader.errors import KxlbError
+    from kxlb.loader.socklb import attach_socket_lb
+
+    other_tool.attach("other_connect6", cgroup, 0)
+    child = os.path.join(cgroup, "pods")
+    os.mkdir(child)
+    try:
+        with pytest.raises(KxlbError, match=rf"cgroup {cgroup} holds .*other_connect6.* on cgroup_inet6_connect"):
+            attach_socket_lb(host.pin_dir, child, host.lab.node)
+        assert cgroup_programs(child) == []
+    finally:
+        os.rmdir(child)
+
+
+def test_hooks_attached_exclusively_by_an_older_kxlb_are_replaced_beside_others(host, cgroup):
+    """kxlb before BPF_F_ALLOW_MULTI attached its hooks exclusively: attaching now takes
+    their places with one program each, attached so that others may join."""
+    from kxlb.loader import bpfsys
+    from kxlb.loader.socklb import ATTACH_TYPES, HOOKS, attach_socket_lb, pinned_sock_programs
+
+    fds = pinned_sock_programs(host.pin_dir)
+    cg = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name, fd in fds.items():
+            bpfsys.check(bpfsys.lib().bpf_prog_attach(fd, cg, ATTACH_TYPES[HOOKS[name]], 0), name)
+    finally:
+        os.close(cg)
+        for fd in fds.values():
+            os.close(fd)
+    assert {flags for _, _, flags in cgroup_programs(cgroup)} == {""}
+    attach_socket_lb(host.pin_dir, cgroup, host.lab.node)
+    progs = cgroup_programs(cgroup)
+    assert sorted(name for _, name, _ in progs) == KXLB_HOOKS and {flags for _, _, flags in progs} == {"multi"}
+    assert host.run(CONNECT_VIP, "10.96.7.30", cgroup=cgroup) == ["be1"]
