@@ -136,6 +136,19 @@ def cmd_status(a) -> None:
             print(f"{d['kind']:15} {name:12} {d['count']}")
 
 
+def cmd_downgrade(a) -> None:
+    from kxlb.loader.downgrade import downgrade
+
+    done = downgrade(a.pin_dir, a.to, wait=a.wait)
+    for line in done.converted:
+        print(f"kxlb: wrote {line}")
+    for pin in done.removed:
+        print(f"kxlb: unpinned {pin} (its maps stay with the programs running now)")
+    for note in done.notes:
+        print(f"kxlb: note: {note}")
+    print(f"kxlb: {a.pin_dir} is ready for kxlb {a.to}: load it now (flows that start meanwhile are lost)")
+
+
 def cmd_gc(a) -> None:
     from kxlb.loader.journal import sweep
 
@@ -459,6 +472,12 @@ def build_parser() -> argparse.ArgumentParser:
                                        "what was dropped")
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.set_defaults(func=cmd_status)
+
+    dg = sub.add_parser("downgrade", help="make the pin directory loadable by an older release, its flows kept: "
+                                          "run right before that release's `kxlb load` (docs/operations.md)")
+    dg.add_argument("--to", required=True, metavar="RELEASE", help="the release to roll back to, e.g. 0.1.0")
+    dg.set_defaults(func=cmd_downgrade)
+    _wait_option(dg)
 
     gc = sub.add_parser("gc", help="remove backend slots, Maglev tables, source ranges and markers that no "
                                    "service reaches (left by a writer that was killed, or by an older kxlb)")

@@ -414,6 +414,35 @@ def attach_socket_lb(pin_dir: str, cgroup: str, netns: str | None | _Keep = KEEP
         reg.record(Attachment(iface=cgroup, netns=netns, hook="socklb"))
 
 
+def make_exclusive(cgroup: str) -> list[str]:
+    """For a roll back to kxlb 0.1, which attaches its hooks exclusively (flags 0): the
+    kernel refuses that beside programs attached with BPF_F_ALLOW_MULTI, ours included. Our
+    programs are attached again exclusively (each hook missing for two system calls), so
+    the older release's attach replaces them. Returns notes: a hook another tool's
+    program shares stays as it is (the older release cannot attach there at all)."""
+    notes = []
+    cg = _open_cgroup(cgroup)
+    try:
+        for name, hook in HOOKS.items():
+            atype = ATTACH_TYPES[hook]
+            flags, ours, others = _split(cg, name)
+            if not ours or not flags & BPF_F_ALLOW_MULTI:
+                continue
+            if others:
+                notes.append(f"cgroup {cgroup}: {hook.lower()} is shared with {', '.join(others)}: left as it is")
+                continue
+            fd = _prog_fd_by_id(ours[0])
+            try:
+                for pid in ours:
+                    _detach_id(cg, atype, pid)
+                bpfsys.check(_libbpf().bpf_prog_attach(fd, cg, atype, 0), f"attach {name} to {cgroup}")
+            finally:
+                os.close(fd)
+    finally:
+        os.close(cg)
+    return notes
+
+
 def detach_socket_lb(cgroup: str) -> int:
     """Detach our hooks (by program name) from ``cgroup``, from any process, leaving
     other tools' programs attached; returns how many. A cgroup that is gone has nothing

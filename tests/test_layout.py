@@ -126,7 +126,7 @@ def test_every_pinned_map_matches_its_spec(dp, pin_dirs):
     _, maps = dp
     compile_sock(maps.pin_dir)  # the socket hooks' maps (sock_rev, sock_rev6) come from sock.c's build
     specs = datapath_specs()
-    assert {"services", "conntrack", "sock_rev", "tc_progs"} <= set(specs)
+    assert {"services", "conntrack_v2", "masq_ports", "sock_rev", "tc_progs"} <= set(specs)
     for pin, spec in specs.items():
         fd = bpfsys.obj_get(os.path.join(maps.pin_dir, pin))
         try:

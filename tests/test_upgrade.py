@@ -4,6 +4,7 @@ release (and a roll back to it) keeps every open connection. Real namespaces, re
 sockets, the previous release's own code (tests/oldrelease.py)."""
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -17,7 +18,9 @@ from harness import Holder, add_tc_filter
 from kxlb.loader import bpfsys, datapath
 from kxlb.loader import compile as comp
 from kxlb.loader.errors import KxlbError
-from kxlb.loader.maps import Maps
+from kxlb.loader.layout import V4
+from kxlb.loader.maps import BpfMap, Maps
+from kxlb.loader.mapspec import current_pin
 from kxlb.loader.services import DatapathConfig, ServiceTable
 
 VIP = "10.96.5.1"
@@ -58,8 +61,10 @@ def ok(r):
 
 def test_upgrade_from_the_previous_release_and_back_keeps_every_connection(netlab, old):
     """kxlb 0.1.0 serves a VIP (TCP, UDP) and a masqueraded NodePort with connections open;
-    this release loads over it, 0.1.0 loads back over this one, this one again: every
-    connection keeps its backend throughout, and no datagram of a 200/s stream is lost."""
+    this release loads over it (conntrack converted from two entries a flow to a record
+    per client socket, masqueraded flows' ports into the port table), `kxlb downgrade`
+    and 0.1.0 load back over this one, this one again: every connection keeps its backend
+    throughout, and no datagram of a 200/s stream is lost."""
     lab, pin = netlab, netlab.pin_dir
     lab.start_servers(8080)
     ifaces = [a for i in lab.node_ifaces for a in ("--iface", i)]
@@ -67,21 +72,27 @@ def test_upgrade_from_the_previous_release_and_back_keeps_every_connection(netla
     backends = [f"{lab.backend_ip(i)}:8080" for i in range(3)]
     ok(old_kxlb(old, pin, "service", "add", f"{VIP}:80/tcp", *backends, "--node-port", f"{lab.node_client_ip}:30080"))
     ok(old_kxlb(old, pin, "service", "add", f"{VIP}:53/udp", *backends))
-    with Maps.open(pin) as maps:  # masquerade the NodePort's outside clients to the node's address
-        ServiceTable(maps).set_config(DatapathConfig(snat_addrs=(lab.node_client_ip,)))
+    # Masquerade the NodePort's outside clients to the node's address: written into 0.1.0's
+    # config map (a layout both releases share) as 0.1.0's controller would.
+    config = BpfMap(os.path.join(pin, "config"), ctypes.c_uint32, V4.LbConfig)
+    config.put(ctypes.c_uint32(0), DatapathConfig(snat_addrs=(lab.node_client_ip,)).to_c(V4))
+    config.close()
     targets = [("tcp", VIP, 80)] * 4 + [("tcp", lab.node_client_ip, 30080)] * 3 + [("udp", VIP, 53)] * 3
     holder = Holder(lab.client, targets)
     try:
         first = holder.first
         assert all(b.startswith("be") for b in first), first
-        flows = len(json.loads(ok(kxlb(pin, "conntrack", "--json")).stdout))
+        flows = len(json.loads(ok(old_kxlb(old, pin, "conntrack", "--json")).stdout))  # as 0.1.0 lists them
         holder.ask("ping", "start", VIP, 53)
         before = tc_prog(lab.node, "cli0")
         r = ok(kxlb(pin, "load", "--netns", lab.node, *ifaces))              # upgrade
         assert "4 earlier attachments now run this build" in r.stdout, r.stdout
+        assert "migrated conntrack: layout 1 -> 2" in r.stdout, r.stdout   # two entries a flow -> a record
         assert tc_prog(lab.node, "cli0") != before
         assert holder.ask("probe") == first
-        ok(old_kxlb(old, pin, "load", "--netns", lab.node, *ifaces))        # roll back
+        r = ok(kxlb(pin, "downgrade", "--to", oldrelease.PREVIOUS))        # roll back: layout 1 again,
+        assert "wrote conntrack: layout 2 -> 1" in r.stdout, r.stdout      # then the old release loads
+        ok(old_kxlb(old, pin, "load", "--netns", lab.node, *ifaces))
         assert holder.ask("probe") == first
         r = ok(kxlb(pin, "load", "--netns", lab.node, *ifaces))              # and up again
         assert holder.ask("probe") == first
@@ -156,7 +167,7 @@ def test_a_new_conntrack_capacity_keeps_open_connections(netlab):
         prepared, _ = datapath.load(ifaces, lab.node, pin_dir=pin, extra_cflags=["-DKXLB_CT_ENTRIES=131072"])
         assert sorted(m.split(" (")[0] for m in prepared.migrated) == [  # sock_rev is sized like conntrack
             "conntrack: capacity 262144 -> 131072", "sock_rev: capacity 262144 -> 131072"]
-        fd = bpfsys.obj_get(os.path.join(pin, "conntrack"))
+        fd = bpfsys.obj_get(os.path.join(pin, current_pin("conntrack")))
         assert bpfsys.map_info(fd).max_entries == 131072
         os.close(fd)
         assert holder.ask("probe") == holder.first
@@ -219,7 +230,7 @@ def test_status_and_list_of_one_frontend(netlab):
     assert [a["state"] for a in st["attachments"]] == ["ok"] * 4
     assert st["writer"] is None and st["interrupted_write"] is None
     assert st["maps"]["services"]["entries"] == 6  # 3 cluster IPs' ports, a NodePort, 2 markers
-    assert st["maps"]["conntrack"]["entries"] >= 2
+    assert st["maps"][current_pin("conntrack")]["entries"] >= 1   # the client socket's record
     assert st["build"]["digest"]
     text = ok(kxlb(pin, "status")).stdout
     assert "attached        tc on cli0 in netns" in text and "map             services" in text
