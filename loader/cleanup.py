@@ -11,6 +11,7 @@ directory. Nothing else is touched: another tool's filters, programs and pins st
 """
 from __future__ import annotations
 
+import errno
 import os
 
 from . import attach
@@ -30,6 +31,22 @@ def cgroup2_root() -> str | None:
     return None
 
 
+def _ours_on(ipr, link, ns: str | None) -> list[Attachment]:
+    iface, idx = link.get_attr("IFLA_IFNAME"), link["index"]
+    found = []
+    for parent in (attach.TC_PARENT_INGRESS, attach.TC_PARENT_EGRESS):
+        for f in ipr.get_filters(idx, parent=parent):
+            opts = f.get_attr("TCA_OPTIONS")
+            if opts and opts.get_attr("TCA_BPF_NAME") in (attach.TC_NAME, attach.TC_EGRESS_NAME):
+                found = [Attachment(iface=iface, netns=ns, hook="tc")]
+    for mode, pid in attach._xdp_progs(ipr, idx).items():
+        ref = attach.prog_ref_by_id(pid)
+        if ref is not None and ref.name == attach.XDP_PROG_NAME:
+            found.append(Attachment(iface=iface, netns=ns, hook="xdp", mode=mode, prog_id=ref.id,
+                                    prog_tag=ref.tag, prog_name=ref.name))
+    return found
+
+
 def by_name(ns: str | None) -> list[Attachment]:
     """kxlb's tc filters and XDP programs on the interfaces of ``ns``, found by name."""
     from pyroute2 import IPRoute
@@ -41,20 +58,11 @@ def by_name(ns: str | None) -> list[Attachment]:
         ipr = IPRoute()
     try:
         for link in ipr.get_links():
-            iface, idx = link.get_attr("IFLA_IFNAME"), link["index"]
-            names = set()
-            for parent in (attach.TC_PARENT_INGRESS, attach.TC_PARENT_EGRESS):
-                for f in ipr.get_filters(idx, parent=parent):
-                    opts = f.get_attr("TCA_OPTIONS")
-                    if opts and opts.get_attr("TCA_BPF_NAME") in (attach.TC_NAME, attach.TC_EGRESS_NAME):
-                        names.add("tc")
-            if "tc" in names:
-                found.append(Attachment(iface=iface, netns=ns, hook="tc"))
-            for mode, pid in attach._xdp_progs(ipr, idx).items():
-                ref = attach.prog_ref_by_id(pid)
-                if ref is not None and ref.name == attach.XDP_PROG_NAME:
-                    found.append(Attachment(iface=iface, netns=ns, hook="xdp", mode=mode, prog_id=ref.id,
-                                            prog_tag=ref.tag, prog_name=ref.name))
+            try:
+                found += _ours_on(ipr, link, ns)
+            except Exception as exc:  # pyroute2's NetlinkError: a pod's veth gone since the listing
+                if getattr(exc, "code", None) not in (errno.ENODEV, errno.ENOENT):
+                    raise
     finally:
         ipr.close()
     return found

@@ -25,6 +25,7 @@ milliseconds instead of compiling for tens of seconds on a busy node.
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import time
@@ -458,8 +459,9 @@ def _detach(a: Attachment, missing_ok: bool) -> str | None:
                         f"(id {a.prog_id or '?'}): left attached")
         else:
             attach.detach_tc(a.netns, a.iface)
-    except KxlbError:
-        if not missing_ok:
+    except Exception as exc:  # KxlbError, or pyroute2's NetlinkError for a device gone meanwhile
+        gone = isinstance(exc, KxlbError) or getattr(exc, "code", None) in (errno.ENODEV, errno.ENOENT)
+        if not (missing_ok and gone):
             raise
     return None
 
