@@ -18,7 +18,7 @@
 #endif
 #define KXLB_MAX_BACKENDS_PER_SVC 4096   /* slots per service and generation */
 #ifndef KXLB_CT_ENTRIES
-#define KXLB_CT_ENTRIES          262144  /* conntrack: client sockets (a record holds its flows) */
+#define KXLB_CT_ENTRIES          131072  /* conntrack: client sockets (a record holds its flows); the controller sizes it (mapspec.conntrack_cflags) */
 #endif
 #define KXLB_CT_WAYS             4       /* flows one client socket can have at once (maps.h ct_entry) */
 #define KXLB_MASQ_WAYS           4       /* flows one masquerade port can carry, to distinct backends */
@@ -29,7 +29,7 @@
 #define KXLB_SRC_RANGE_ENTRIES   16384   /* loadBalancerSourceRanges over all service ports */
 #endif
 #ifndef KXLB_CT6_ENTRIES
-#define KXLB_CT6_ENTRIES         65536   /* IPv6 conntrack: client sockets (preallocated: ~300 bytes each) */
+#define KXLB_CT6_ENTRIES         32768   /* IPv6 conntrack: client sockets, a quarter of IPv4s (preallocated: ~300 bytes each) */
 #endif
 #ifndef KXLB_AFFINITY6_ENTRIES
 #define KXLB_AFFINITY6_ENTRIES   16384   /* IPv6 ClientIP session affinity */
@@ -152,7 +152,7 @@
  * the NodePort range and every frontend port on a node address, so a reply is never taken
  * for a new flow to a frontend (the controller checks its range; these are the defaults).
  * A port is claimed in the masquerade port table (maps.h masq_ports), up to
- * KXLB_SRC_PORT_TRIES ports from the flow hash on, each with KXLB_MASQ_WAYS flows to
+ * KXLB_SRC_PORT_TRIES random ports of the range, each with KXLB_MASQ_WAYS flows to
  * distinct backends. */
 #define KXLB_SRC_PORT_MIN        61000
 #define KXLB_SRC_PORT_MAX        65535

@@ -131,6 +131,10 @@ def cmd_status(a) -> None:
     for name, m in st["maps"].items():
         print(f"map             {name:12} {m['entries']:>9} of {m['capacity']:<9} "
               f"{100 * m['entries'] / m['capacity']:5.1f}%")
+    for fam, u in st.get("masquerade_ports", {}).items():
+        if u["flows"] or fam == "IPv4":
+            print(f"masquerade      {fam} ports {u['range'][0]}-{u['range'][1]}: {u['ports_in_use']} of {u['ports']} "
+                  f"in use {100 * u['ports_in_use'] / u['ports']:5.1f}% ({u['flows']} flows)")
     for name, d in st["drops"].items():
         if d["count"]:
             print(f"{d['kind']:15} {name:12} {d['count']}")

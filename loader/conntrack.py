@@ -202,6 +202,44 @@ def delete_flow(maps: Maps, flow: Flow) -> bool:
     return True
 
 
+class MasqUsage(NamedTuple):
+    """How full a family's masquerade port table is, within the range in use."""
+    first: int
+    last: int
+    ports_used: int   # ports with at least one live way
+    ways_used: int    # live ways: flows (or TIME_WAIT holds) that own a port
+
+    @property
+    def ports(self) -> int:
+        return self.last - self.first + 1
+
+
+def masq_usage(maps: Maps, fam: Family, first: int, last: int, now: int | None = None) -> MasqUsage:
+    """Count the live ways of ports first..last (one batched read of the array)."""
+    now = now_ticks() if now is None else now
+    way_t = fam.struct("masq_way")
+    size, ways = ctypes.sizeof(way_t), C["MASQ_WAYS"]
+    claim_at, expires_at = way_t.claim.offset, way_t.expires.offset
+    keys, values, n = masq_map(maps, fam).items_raw()
+    idx = memoryview(keys).cast("I")
+    vals = memoryview(values)
+    used_flag = C["MASQ_F_USED"]
+    ports = flows = 0
+    for i in range(n):
+        if not first <= idx[i] <= last:
+            continue
+        live = 0
+        for w in range(ways):
+            at = (i * ways + w) * size
+            claim = int.from_bytes(vals[at + claim_at:at + claim_at + 8], "little")
+            expires = int.from_bytes(vals[at + expires_at:at + expires_at + 4], "little")
+            if claim & used_flag and 0 < (expires - now) & 0xffffffff < 1 << 31:
+                live += 1
+        ports += live > 0
+        flows += live
+    return MasqUsage(first, last, ports, flows)
+
+
 def _free_port(maps: Maps, fam: Family, port: int, peer, peer_port: int, proto: int) -> None:
     """Expire the way of masquerade port `port` held for backend peer:peer_port."""
     m = masq_map(maps, fam)
@@ -214,4 +252,4 @@ def _free_port(maps: Maps, fam: Family, port: int, peer, peer_port: int, proto: 
         m.put(ctypes.c_uint32(port), e)
 
 
-__all__ = ["Flow", "Endpoint", "flows", "get_flows", "delete_flow", "lifetime", "now_ticks", "FLAG_NAMES"]
+__all__ = ["Flow", "Endpoint", "MasqUsage", "masq_usage", "flows", "get_flows", "delete_flow", "lifetime", "now_ticks", "FLAG_NAMES"]

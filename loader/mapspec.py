@@ -156,14 +156,15 @@ def datapath_specs(cflags: list[str] | None = None) -> dict[str, MapSpec]:
 
 def conntrack_cflags(flows: int) -> list[str]:
     """Build flags sizing conntrack for ``flows`` tracked flows (kube-proxy users think in
-    nf_conntrack_max): two IPv4 entries per flow (maps.h), socket translations as many;
-    IPv6 a quarter of the flows (its entries are 2.5 times the size, and clusters carry
-    less of it). The LRU tables are preallocated: memory follows this, not the traffic."""
+    nf_conntrack_max): one IPv4 record per client socket, which is one flow but for the
+    rare socket with several (maps.h ct_entry), socket translations as many; IPv6 a
+    quarter of that (its records are 2.2 times the size, and clusters carry less of it).
+    The LRU tables are preallocated: memory follows this, not the traffic."""
     from .errors import KxlbError
 
     if not 1024 <= flows <= 1 << 24:
         raise KxlbError(f"conntrack size {flows}: expected 1024 to {1 << 24} flows")
-    return [f"-DKXLB_CT_ENTRIES={2 * flows}", f"-DKXLB_CT6_ENTRIES={max(1024, flows // 2)}"]
+    return [f"-DKXLB_CT_ENTRIES={flows}", f"-DKXLB_CT6_ENTRIES={max(1024, flows // 4)}"]
 
 
 def current_pin(base: str) -> str:

@@ -1,7 +1,8 @@
 """What `kxlb status` reports about a node's datapath, gathered without writing anything:
 the build loaded, who writes the maps now (and whether that controller is healthy), an
 interrupted write waiting for repair, where the programs are attached (and whether our
-program is still the one there), how full each map is, and what was dropped or
+program is still the one there), how full each map is (and the masquerade port range:
+an array is never "full", its live ways are what count), and what was dropped or
 rejected, by reason."""
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import urllib.request
 from . import attach, bpfsys
 from .datapath import BUILD_RECORD
 from .journal import INTENT
-from .layout import BPF_DIR, DP_COUNTERS
+from .conntrack import masq_usage
+from .layout import BPF_DIR, DP_COUNTERS, FAMILIES, C
 from .lock import holders
 from .mapspec import datapath_specs
 from .migrate import _RawMap
@@ -95,9 +97,16 @@ def status(pin_dir: str) -> dict:
         out["registry"] = reg.fd >= 0
     out["maps"] = _fill(pin_dir)
     kinds = _counter_kinds()
+    out["masquerade_ports"] = {}
     try:
         with Maps.open(pin_dir) as maps:
-            counters = ServiceTable(maps).datapath_counters()
+            table = ServiceTable(maps)
+            counters = table.datapath_counters()
+            first, last = table.read_config().src_ports or (C["SRC_PORT_MIN"], C["SRC_PORT_MAX"])
+            for fam in FAMILIES:
+                u = masq_usage(maps, fam, first, last)
+                out["masquerade_ports"][fam.name] = {"range": [first, last], "ports_in_use": u.ports_used,
+                                                     "ports": u.ports, "flows": u.ways_used}
     except Exception as exc:  # noqa: BLE001 (maps of another layout: said by `load`)
         out["counters_error"] = str(exc)
         counters = {}

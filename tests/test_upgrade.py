@@ -164,11 +164,11 @@ def test_a_new_conntrack_capacity_keeps_open_connections(netlab):
     ok(kxlb(pin, "service", "add", f"{VIP}:80/tcp", *[f"{lab.backend_ip(i)}:8080" for i in range(3)]))
     holder = Holder(lab.client, [("tcp", VIP, 80)] * 6)
     try:
-        prepared, _ = datapath.load(ifaces, lab.node, pin_dir=pin, extra_cflags=["-DKXLB_CT_ENTRIES=131072"])
+        prepared, _ = datapath.load(ifaces, lab.node, pin_dir=pin, extra_cflags=["-DKXLB_CT_ENTRIES=65536"])
         assert sorted(m.split(" (")[0] for m in prepared.migrated) == [  # sock_rev is sized like conntrack
-            "conntrack: capacity 262144 -> 131072", "sock_rev: capacity 262144 -> 131072"]
+            "conntrack: capacity 131072 -> 65536", "sock_rev: capacity 131072 -> 65536"]
         fd = bpfsys.obj_get(os.path.join(pin, current_pin("conntrack")))
-        assert bpfsys.map_info(fd).max_entries == 131072
+        assert bpfsys.map_info(fd).max_entries == 65536
         os.close(fd)
         assert holder.ask("probe") == holder.first
     finally:
@@ -223,16 +223,23 @@ def test_status_and_list_of_one_frontend(netlab):
             f"{lab.node_client_ip}:30080"))
     ok(kxlb(pin, "service", "add", f"{VIP}:81/tcp", f"{lab.backend_ip(1)}:8080"))
     ok(kxlb(pin, "service", "add", "10.96.5.2:80/tcp", f"{lab.backend_ip(2)}:8080"))
-    holder = Holder(lab.client, [("tcp", VIP, 80)])
-    holder.close()
+    config = BpfMap(os.path.join(pin, "config"), ctypes.c_uint32, V4.LbConfig)
+    config.put(ctypes.c_uint32(0), DatapathConfig(snat_addrs=(lab.node_client_ip,), src_ports=(20000, 20999)).to_c(V4))
+    config.close()
+    holder = Holder(lab.client, [("tcp", VIP, 80)] + [("tcp", lab.node_client_ip, 30080)] * 3)  # 3 masqueraded
     subprocess.run(["ip", "netns", "exec", lab.client, "ping", "-c1", "-W1", "10.96.5.9"], capture_output=True)
-    st = json.loads(ok(kxlb(pin, "status", "--json")).stdout)
+    try:
+        st = json.loads(ok(kxlb(pin, "status", "--json")).stdout)
+        text = ok(kxlb(pin, "status")).stdout
+    finally:
+        holder.close()
+    assert st["masquerade_ports"]["IPv4"] == {"range": [20000, 20999], "ports_in_use": 3, "ports": 1000, "flows": 3}
+    assert "masquerade      IPv4 ports 20000-20999: 3 of 1000 in use   0.3% (3 flows)" in text
     assert [a["state"] for a in st["attachments"]] == ["ok"] * 4
     assert st["writer"] is None and st["interrupted_write"] is None
     assert st["maps"]["services"]["entries"] == 6  # 3 cluster IPs' ports, a NodePort, 2 markers
     assert st["maps"][current_pin("conntrack")]["entries"] >= 1   # the client socket's record
     assert st["build"]["digest"]
-    text = ok(kxlb(pin, "status")).stdout
     assert "attached        tc on cli0 in netns" in text and "map             services" in text
     got = json.loads(ok(kxlb(pin, "list", f"{VIP}:80/tcp", "--json")).stdout)
     assert [(s["service"], s["backends"], [f["port"] for f in s["frontends"]]) for s in got] == [

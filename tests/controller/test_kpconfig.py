@@ -182,7 +182,7 @@ def test_kxlb_conntrack_is_sized_as_kube_proxy_sizes_nf_conntrack_max(tmp_path):
     a = args("--node-name", "n1")
     resolve(a)
     assert conntrack_flows(a.conntrack_max_per_core, a.conntrack_min, cpus=8) == 262144
-    assert conntrack_cflags(131072) == ["-DKXLB_CT_ENTRIES=262144", "-DKXLB_CT6_ENTRIES=65536"]
+    assert conntrack_cflags(131072) == ["-DKXLB_CT_ENTRIES=131072", "-DKXLB_CT6_ENTRIES=32768"]
     with pytest.raises(KxlbError, match="conntrack.min: 'many' is not a count"):
         f.write_text(KUBEADM.replace("min: null", "min: many"))
         load(str(f))
