@@ -43,12 +43,55 @@
 #define KX_FAM 6
 #include "flow.tmpl.h"
 
-/* Headers (ICMP errors quote two; IPv6 may carry extension headers) must be in the
- * linear area for direct access. Returns the frame's ethertype (0: none). */
+/* The bytes tc must find in the linear area (data..data_end) for this frame's journey:
+ * its headers up to the ports and TCP flags, and for an ICMP(v6) error or an IPv6
+ * extension header chain, KXLB_LINEAR (the quote of a second IP header and its ports).
+ * Read with bpf_skb_load_bytes, which copies a few bytes and changes nothing: a segment
+ * the node sends carries its headers linear and its payload in pages, and pulling
+ * KXLB_LINEAR bytes of it for every segment (kxlb 0.1) reallocated and copied the head of
+ * every non-linear skb through a hooked device, service traffic or not. */
+static __always_inline __u32 tc_headers_len(struct __sk_buff *skb)
+{
+	struct {
+		struct ethhdr eth;
+		__u8 l3[20]; /* IPv4's fixed header, or IPv6's first 20 bytes (next header at 6) */
+	} h;
+
+	if (bpf_skb_load_bytes(skb, 0, &h, sizeof(h)) < 0)
+		return skb->len; /* shorter than that: all of it (a few bytes) */
+	if (h.eth.h_proto == bpf_htons(ETH_P_IP)) {
+		__u32 l4 = ETH_HLEN_ + (h.l3[0] & 0xf) * 4;
+		switch (h.l3[9]) {
+		case IPPROTO_TCP: return l4 + 20;
+		case IPPROTO_UDP: return l4 + 8;
+		case IPPROTO_ICMP: return KXLB_LINEAR;
+		default: return l4;
+		}
+	}
+	if (h.eth.h_proto == bpf_htons(ETH_P_IPV6)) {
+		switch (h.l3[6]) {
+		case IPPROTO_TCP: return ETH_HLEN_ + 40 + 20;
+		case IPPROTO_UDP: return ETH_HLEN_ + 40 + 8;
+		default: return KXLB_LINEAR; /* ICMPv6, extension headers */
+		}
+	}
+	return ETH_HLEN_;
+}
+
+/* Make the frame's headers linear for direct access, pulling only when they are not
+ * (tc_headers_len). Returns the frame's ethertype (0: none). */
 static __always_inline __be16 tc_linear_ethertype(struct __sk_buff *skb)
 {
-	if (skb->data_end - skb->data < KXLB_LINEAR && skb->len > skb->data_end - skb->data)
-		bpf_skb_pull_data(skb, skb->len < KXLB_LINEAR ? skb->len : KXLB_LINEAR);
+	__u32 linear = skb->data_end - skb->data;
+
+	if (skb->len > linear) {
+		__u32 need = tc_headers_len(skb);
+
+		if (need > skb->len)
+			need = skb->len;
+		if (need > linear)
+			bpf_skb_pull_data(skb, need);
+	}
 	struct ethhdr *eth = (void *)(long)skb->data;
 	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
 		return 0;
