@@ -49,4 +49,14 @@ static __always_inline __u8 filter_may(__u32 dst, __be16 dport, __u32 src, __be1
 	return may;
 }
 
+/* May this source (address, port) be a backend's? For tc egress, whose packets start in
+ * the node's own stack: a host-network backend's reply, from whichever local address the
+ * flow was sent to. */
+static __always_inline int filter_from_backend(__u32 src, __be16 sport)
+{
+	__u32 bit = filter_bit(src, sport, KXLB_BACKEND_FILTER_LOG), key = bit >> 6;
+
+	return filter_word_has(backend_filter.lookup(&key), bit);
+}
+
 #endif

@@ -329,13 +329,14 @@ static __always_inline int KX_(lb_tc)(struct __sk_buff *skb)
 	return TC_ACT_UNSPEC;
 }
 
-/* A packet this node sends from its own address may be the reply of one of its
- * host-network backends (a hostNetwork pod, a process of the node): a flow's packets
- * were delivered to it locally, translated at ingress, and its replies start in the
- * node's own stack, so no ingress hook sees them. Its flow translates them as step 4 of
- * lb_process() would (backend:port -> front:port, to the client), and the datagram's
- * later fragments follow its first. Only the node's own address can be such a source:
- * every other packet costs one comparison. */
+/* A packet this node sends from one of its own addresses may be the reply of one of its
+ * host-network backends (a hostNetwork pod, a process of the node, an endpoint on any
+ * local address: the node's, or one on lo such as an API server's advertise address): a
+ * flow's packets were delivered to it locally, translated at ingress, and its replies
+ * start in the node's own stack, so no ingress hook sees them. Its flow translates them
+ * as step 4 of lb_process() would (backend:port -> front:port, to the client), and the
+ * datagram's later fragments follow its first. Only a backend's address and port can be
+ * such a source: every other packet costs the backend filter's one array read. */
 static __always_inline int KX_(local_reply_plan)(const struct KX_(pkt) *p, struct KX_(nat_plan) *n)
 {
 	struct KX_(lb_config) *cfg = KX_(lb_config_get)();
@@ -343,11 +344,13 @@ static __always_inline int KX_(local_reply_plan)(const struct KX_(pkt) *p, struc
 	struct KX_(ct_key) to;
 	__u32 now;
 
-	if (!cfg || !KX_EQ(p->saddr, *KX_(lb_node_addr)(cfg)))
+	if (!cfg)
 		return LB_PASS;
 	if (!p->first_frag)
-		return KX_(frag_follow)(p, n);
+		return KX_(frag_follow)(p, n); /* rare: one lookup */
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		return LB_PASS;
+	if (!filter_from_backend(KX_FOLD(p->saddr), p->sport))
 		return LB_PASS;
 	now = ct_now();
 	f = KX_(ct_reply)(p->saddr, p->sport, p->daddr, p->dport, p->proto, cfg, now, &to);

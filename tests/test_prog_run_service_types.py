@@ -174,6 +174,26 @@ def test_this_nodes_host_network_endpoint_is_not_masqueraded_and_answers_through
     assert (r[IP].src, r[TCP].sport, r[IP].dst, r[TCP].dport) == (front, fport, client, sport)
 
 
+def test_an_endpoint_on_another_local_address_answers_through_egress(hook, table, egress):
+    """An endpoint on a local address that is not the node's (an API server's advertise
+    address on lo, the `kubernetes` Service's endpoint): a pod's packets to the cluster IP
+    are delivered locally, and the replies, sent from that address, are translated at
+    egress like the node address's (the backend filter knows the address and port)."""
+    api = Backend("10.254.0.1", 6443)
+    table.put(svc(cluster=(api,)))
+    verdict, out, sport = send(hook, CIP, PORT, POD)
+    assert verdict == hook.translated
+    p = assert_checksums(out)
+    assert (p[IP].dst, p[TCP].dport) == (api.addr, api.port)
+    reply = eth(IP(src=api.addr, dst=POD) / TCP(sport=api.port, dport=sport, flags="SA"))
+    verdict, out = egress.run(reply)
+    assert verdict == 0
+    r = assert_checksums(out)
+    assert (r[IP].src, r[TCP].sport, r[IP].dst, r[TCP].dport) == (CIP, PORT, POD, sport)
+    other = eth(IP(src=api.addr, dst=POD) / TCP(sport=api.port + 1, dport=sport, flags="SA"))
+    assert egress.run(other) == (-1, bytes(other))  # not a backend's port: untouched
+
+
 def test_a_remote_endpoint_through_the_node_port_is_still_masqueraded(hook, table):
     table.put(svc(cluster=REMOTE[:1]))
     assert forwarded(hook, NODE_IP, NODE_PORT, OUTSIDE) == (NODE_IP, REMOTE[0].addr)
