@@ -10,7 +10,7 @@ help:
 	@echo "make standalone-demo - the datapath alone: namespaces, real servers, traffic through a VIP"
 	@echo "make test    - the test suite (root; needs BPF)"
 	@echo "make fuzz    - the datapath fuzzer, a million frames through tc and XDP (FUZZ_FRAMES, FUZZ_SEED)"
-	@echo "make bench   - datapath microbenchmark (BPF_PROG_TEST_RUN), controller benchmarks, Maglev vs hash % N, the CLI at 70k services, an upgrade under 10k connections"
+	@echo "make bench   - datapath microbenchmark (BPF_PROG_TEST_RUN), controller benchmarks, Maglev vs hash % N, the CLI at 70k services, an upgrade under 10k connections, a TCP stream through hooked veths"
 	@echo "make bench-scale - the controller with 20k Services and EndpointSlice churn (about 10 min)"
 	@echo "make bench-e2e - kxlb against kube-proxy iptables and nftables on the lab: latency, sync, throughput, memory"
 	@echo "make e2e     - the upstream Kubernetes e2e Services tests, kube-proxy then kxlb, on real-kubelet nodes (E2E_SUITE)"
@@ -34,12 +34,15 @@ FUZZ_FRAMES ?= 1000000
 fuzz: setup
 	FUZZ_FRAMES=$(FUZZ_FRAMES) $(PY) -m pytest tests/test_fuzz.py tests/test_fuzz6.py -s -q -o timeout=0 $(PYTEST_ARGS)
 
+# BENCH_VETH_ARGS="--rounds 20 --release" for README's veth table (more rounds, kxlb 0.1.0 itself too).
+BENCH_VETH_ARGS ?=
 bench: setup
 	$(PY) bench/prog_run.py
 	$(PY) bench/controller.py
 	$(PY) bench/maglev.py
 	$(PY) bench/cli.py
 	$(PY) bench/upgrade.py
+	$(PY) bench/veth.py $(BENCH_VETH_ARGS)
 
 bench-scale: setup
 	$(PY) bench/churn.py
