@@ -121,10 +121,17 @@ def test_kxlb_version_and_help_run_in_the_image(container):
     ctr = container()
     r = run_in(ctr, "kxlb version")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("kxlb 0.1.0\n") and "datapath layout" in r.stdout, r.stdout
+    assert r.stdout.startswith(f"kxlb {project_version()}\n") and "datapath layout" in r.stdout, r.stdout
     r = run_in(ctr, "kxlb --help")
     assert r.returncode == 0 and re.search(r"^\s+controller\s", r.stdout, re.M), r.stdout
     assert not re.search(r"^\s+(lab|demo)\s", r.stdout, re.M), f"the lab's commands in the product:\n{r.stdout}"
+
+
+def project_version() -> str:
+    """The version pyproject.toml gives (the image's kxlb must say the same)."""
+    import tomllib
+    with open(Path(__file__).resolve().parents[2] / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["version"]
 
 
 def _chosen_headers(ctr: str, env: str = "", *opts: str) -> str:
