@@ -440,7 +440,8 @@ def primitives(ref: Reference, calls: int) -> dict[str, float]:
     bufs = prebuilt([pkt] * calls)
     base = time_frames(ref.empty["xdp"], bufs).median
     return {name: time_frames(ref.fd(fn), bufs).median - base
-            for name, fn in (("helper call (clock)", b"prim_clock"), ("hash lookup + helper", b"prim_lookup"),
+            for name, fn in (("helper call (clock)", b"prim_clock"), ("coarse clock", b"prim_coarse"),
+                             ("hash lookup + helper", b"prim_lookup"), ("LRU lookup, miss", b"prim_lru_miss"),
                              ("hash insert, new key", b"prim_insert"), ("LRU insert, new key", b"prim_lru_insert"))}
 
 

@@ -14,6 +14,16 @@ int pass_xdp(struct xdp_md *ctx) { return XDP_PASS; }
 /* One helper call. */
 int prim_clock(struct xdp_md *ctx) { return bpf_ktime_get_ns() ? XDP_PASS : XDP_DROP; }
 
+/* The coarse clock conntrack reads (one per packet that reaches it). */
+int prim_coarse(struct xdp_md *ctx) { return bpf_ktime_get_coarse_ns() ? XDP_PASS : XDP_DROP; }
+
+/* One LRU hash lookup that misses (a packet of no flow looking for its record). */
+int prim_lru_miss(struct xdp_md *ctx)
+{
+	u64 k = 1ULL << 63;
+	return ref_lru.lookup(&k) ? XDP_DROP : XDP_PASS;
+}
+
 /* One hash map lookup. */
 int prim_lookup(struct xdp_md *ctx)
 {

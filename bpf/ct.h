@@ -77,20 +77,23 @@ static __always_inline int tick_after(__u32 t, __u32 now)
  * flood period of a SYN's lifetime: while it lasts, a port search may take back ports held
  * by half-open flows (consts.h), so connections made during and right after a spoofed SYN
  * flood find ports, where they would otherwise wait for the flood's half-open flows to
- * expire. Per CPU: no shared cache line on the path. */
+ * expire. Counted per CPU (no shared cache line written on the path); the period, once
+ * a CPU starts it, holds for every CPU (flood_until: written once per flood tick, read by
+ * each new masqueraded flow), as a new connection may land on a CPU the flood missed. */
 struct flood_count {
 	__u32 tick;
 	__u32 count;
-	__u32 until;
 };
 BPF_PERCPU_ARRAY(flood_map, struct flood_count, 1);
+BPF_ARRAY(flood_until, __u32, 1);
 
 static __always_inline int masq_flood(__u32 now)
 {
 	__u32 zero = 0;
 	struct flood_count *f = flood_map.lookup(&zero);
+	__u32 *until = flood_until.lookup(&zero);
 
-	if (!f)
+	if (!f || !until)
 		return 0;
 	if (f->tick != now) {
 		f->tick = now;
@@ -98,10 +101,10 @@ static __always_inline int masq_flood(__u32 now)
 	}
 	f->count += 1;
 	if (f->count == KXLB_FLOOD_NEW_PER_TICK + 1) {
-		f->until = now + KXLB_TICKS(KXLB_CT_TCP_SYN_S);
+		*until = now + KXLB_TICKS(KXLB_CT_TCP_SYN_S);
 		stat_inc(KXLB_ST_FLOOD);
 	}
-	return tick_after(f->until, now);
+	return tick_after(*until, now);
 }
 
 #endif

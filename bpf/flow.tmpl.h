@@ -11,6 +11,7 @@
 #include "family.tmpl.h"
 #include "lb.h"
 #include "ct.h"
+#include "filter.h"
 #include "lb.tmpl.h"
 #include "ct.tmpl.h"
 #include "plan.tmpl.h"
@@ -192,9 +193,8 @@ static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len
 		return LB_PASS;
 	}
 
-	now = ct_now();
 	if (p->proto == KX_IPPROTO_ICMP) {
-		if (!p->frag && KX_(icmp_error_nat)(data, data_end, p, now)) {
+		if (!p->frag && KX_(icmp_error_nat)(data, data_end, p, ct_now())) {
 			stat_inc(KXLB_ST_ICMP_NAT);
 			return LB_DONE;
 		}
@@ -207,6 +207,16 @@ static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
 		return KX_(not_a_service)(data, data_end, p, ri);
 
+	/* 0. The address filters (filter.h): which of the steps below this packet can need.
+	 * Every flow's forward packets go to a frontend address, its replies come from a
+	 * backend, and traffic to a flow's backend goes to one; a packet that is none of
+	 * these (most of a node's own traffic) is passed after two or three array reads, no
+	 * hash lookup and no clock. */
+	__u8 may = filter_may(KX_FOLD(p->daddr), p->dport, KX_FOLD(p->saddr), p->sport);
+	if (!may)
+		return KX_(not_a_service)(data, data_end, p, ri);
+	now = ct_now();
+
 	/* 1. A client packet of a tracked flow: the record of its source socket, the way of
 	 * its frontend. Its backend is decided already. */
 	client.addr = p->saddr;
@@ -214,8 +224,8 @@ static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len
 	client.proto = p->proto;
 	client.pad = 0;
 	cfg = KX_(lb_config_get)();
-	rec = KX_(ct_map).lookup(&client);
-	if (rec) {
+	rec = may & (MAY_TO_FRONT | MAY_TO_BACKEND) ? KX_(ct_map).lookup(&client) : NULL;
+	if (rec && may & MAY_TO_FRONT) {
 		f = KX_(ct_way_to_front)(rec, p->daddr, p->dport, p->proto, now);
 		if (f && !KX_(ct_reopens)(f, p))
 			return KX_(ct_translate)(KXLB_CT_DIR_FWD, f, &client, cfg, p, now, n);
@@ -224,17 +234,19 @@ static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len
 	/* 2. A reply to a masquerade port: before the frontends, so a reply is never taken
 	 * for a new flow (the masquerade range holds no frontend port of a node address). */
 	struct KX_(ct_key) to;
-	f = KX_(masq_reply)(p->saddr, p->sport, p->daddr, p->dport, p->proto, cfg, now, &to);
-	if (f)
-		return KX_(ct_translate)(KXLB_CT_DIR_REV, f, &to, cfg, p, now, n);
+	if (may & MAY_FROM_BACKEND) {
+		f = KX_(masq_reply)(p->saddr, p->sport, p->daddr, p->dport, p->proto, cfg, now, &to);
+		if (f)
+			return KX_(ct_translate)(KXLB_CT_DIR_REV, f, &to, cfg, p, now, n);
+	}
 
 	/* 3. New flow to a service frontend. */
 	struct KX_(svc_key) sk = {.vip = p->daddr, .port = p->dport, .proto = p->proto};
-	__u32 hash = flow_hash(KX_FOLD(p->saddr), KX_FOLD(p->daddr), ((__u32)p->sport << 16) | p->dport,
-			       KXLB_HASH_SEED ^ p->proto);
-	svp = KX_(svc_map).lookup(&sk);
+	svp = may & MAY_TO_FRONT ? KX_(svc_map).lookup(&sk) : NULL;
 	if (svp) {
 		struct svc_value sv = *svp; /* one snapshot: sizes and gen together */
+		__u32 hash = flow_hash(KX_FOLD(p->saddr), KX_FOLD(p->daddr), ((__u32)p->sport << 16) | p->dport,
+				       KXLB_HASH_SEED ^ p->proto);
 		struct KX_(lb_flow) lf = {.client = p->saddr, .origin = KX_(packet_origin)(cfg, &p->saddr),
 					  .hash = hash};
 		struct KX_(lb_choice) c = {};
@@ -261,7 +273,8 @@ static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len
 
 	/* 4. A reply to a client's own socket: the record of the packet's destination, the
 	 * way of its backend. */
-	f = KX_(ct_way_of_backend)(p->daddr, p->dport, p->proto, p->saddr, p->sport, p->dport, 0, now);
+	f = may & MAY_FROM_BACKEND ? KX_(ct_way_of_backend)(p->daddr, p->dport, p->proto, p->saddr, p->sport, p->dport, 0, now)
+			 : NULL;
 	if (f) {
 		to.addr = p->daddr;
 		to.port = p->dport;
@@ -272,7 +285,7 @@ static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len
 	/* 5. The client talking to one of its flows' backends directly, on its own port: that
 	 * flow's replies and this traffic's would look alike; this one gets a port of its own
 	 * (ct_direct). */
-	if (rec) {
+	if (rec && may & MAY_TO_BACKEND) {
 		f = KX_(ct_direct)(p, rec, cfg, now);
 		if (f)
 			return KX_(ct_translate)(KXLB_CT_DIR_FWD, f, &client, cfg, p, now, n);

@@ -382,6 +382,16 @@ BPF_TABLE_PINNED("hash", struct backend_key, struct backend, backend_map,
 		 KXLB_MAX_BACKEND_SLOTS, KXLB_PIN_DIR "/backends", BPF_F_NO_PREALLOC);
 BPF_TABLE_PINNED("hash", struct maglev_key, struct maglev_chunk, maglev_map,
 		 KXLB_MAX_MAGLEV_CHUNKS, KXLB_PIN_DIR "/maglev", BPF_F_NO_PREALLOC);
+/* Written by user space only, bits set and never cleared: approximate sets (a Bloom
+ * filter of one hash) of every address that is or was a frontend's, and of every backend
+ * (address, port) that is or was a slot's, both families. A flow is only ever made to a
+ * frontend and a backend a writer put in the maps, so every packet of a flow finds its
+ * bit: the forward ones by destination address, the replies by source, traffic to a
+ * flow's backend by destination. A packet that finds none is no flow's and no service's
+ * (filter.h), and skips every hash lookup: a node's own traffic pays two array reads.
+ * A stale bit costs a lookup, never a wrong answer. */
+BPF_TABLE_PINNED("array", __u32, __u64, front_filter, KXLB_FRONT_FILTER_WORDS, KXLB_PIN_DIR "/front_filter");
+BPF_TABLE_PINNED("array", __u32, __u64, backend_filter, KXLB_BACKEND_FILTER_WORDS, KXLB_PIN_DIR "/backend_filter");
 /* Written by the datapath. LRU: a full table evicts the coldest client socket (its
  * flows) rather than refusing a new one. */
 BPF_TABLE_PINNED("lru_hash", struct ct_key, struct ct_entry, ct_map,

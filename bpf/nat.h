@@ -19,6 +19,7 @@
 /* IPv4's instances of the templates this file builds on. */
 #undef KX_FAM
 #define KX_FAM 4
+#include "lb.tmpl.h"
 #include "ct.tmpl.h"
 #include "plan.tmpl.h"
 

@@ -16,6 +16,7 @@
 /* IPv6's instances of the templates this file builds on. */
 #undef KX_FAM
 #define KX_FAM 6
+#include "lb.tmpl.h"
 #include "ct.tmpl.h"
 #include "plan.tmpl.h"
 

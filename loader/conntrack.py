@@ -66,11 +66,16 @@ def masq_hold(proto: int, flags: int) -> int:
     return lifetime(proto, flags) + (ticks(C["CT_TCP_TIME_WAIT_S"]) if proto == 6 else 0)
 
 
+def _rol32(w: int, s: int) -> int:
+    return ((w << s) | (w >> (32 - s))) & 0xffffffff
+
+
 def fold(fam: Family, addr) -> int:
-    """family.tmpl.h KX_FOLD(): an address as the 32 bits a claim carries."""
+    """family.tmpl.h KX_FOLD() (addr6.h kx6_fold for IPv6): an address field's value as
+    the 32 bits a claim or an address filter uses."""
     if fam is V6:
         w = addr.w
-        return (w[0] ^ w[1] ^ w[2] ^ w[3]) & 0xffffffff
+        return (w[0] ^ w[1] ^ _rol32(w[2], 7) ^ _rol32(w[3], 13)) & 0xffffffff
     return addr
 
 

@@ -213,6 +213,7 @@ def prepare(pin_dir: str, reg: Registry, extra_cflags: list[str] | None = None,
         from .socklb import compile_sock
         compile_sock(staging, extra_cflags)
         migrated = _copy(the_plan, staging, only_new=False)
+        _fill_filters(staging)
         switched = _switch(reg, staging, dp)
         _copy(the_plan, staging, only_new=True)  # what the old programs wrote meanwhile
     except BaseException:
@@ -244,6 +245,18 @@ def reusable(pin_dir: str, reg: Registry, the_plan: Plan, extra_cflags: list[str
     for fd in (dp.tc_fd, dp.xdp_fd, dp.tc_egress_fd):
         os.close(fd)
     return None
+
+
+def _fill_filters(staging: str) -> None:
+    """The address filters' bits for what the staged maps hold (loader/filters.py): new
+    filters over an older release's services and flows start complete. Flows the old
+    programs make meanwhile go to backends the slots name, whose bits are in (no writer
+    runs: the caller holds the lock)."""
+    from .filters import AddressFilters
+    from .maps import Maps
+
+    with Maps.open(staging) as maps:
+        AddressFilters(maps).fill(maps)
 
 
 def _program_ids(dp: Datapath) -> list[int]:

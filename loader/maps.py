@@ -292,6 +292,8 @@ class Maps:
     svc_stats: SvcStats
     dp_stats: BpfMap
     config: BpfMap
+    front_filter: BpfMap      # both families' (loader/filters.py)
+    backend_filter: BpfMap
     # The IPv6 family's maps (maps.h: the same layouts with 16-byte addresses).
     services6: BpfMap[SvcKey6, SvcValue]
     backends6: BpfMap[BackendKey, BackendValue6]
@@ -322,6 +324,8 @@ class Maps:
             svc_stats=SvcStats(p("svc_stats")),
             dp_stats=BpfMap(p("dp_stats"), ctypes.c_uint32, ctypes.c_uint64, percpu=True),
             config=BpfMap(p("config"), ctypes.c_uint32, LbConfig),
+            front_filter=BpfMap(p("front_filter"), ctypes.c_uint32, ctypes.c_uint64),
+            backend_filter=BpfMap(p("backend_filter"), ctypes.c_uint32, ctypes.c_uint64),
             services6=BpfMap(p("services6"), SvcKey6, SvcValue),
             backends6=BpfMap(p("backends6"), BackendKey, BackendValue6),
             conntrack6=BpfMap(p("conntrack6"), CtKey6, CtEntry6),
@@ -334,7 +338,8 @@ class Maps:
 
     def close(self) -> None:
         for m in (self.services, self.backends, self.maglev, self.conntrack, self.masq_ports, self.frags, self.affinity,
-                  self.src_ranges, self.svc_stats, self.dp_stats, self.config, self.services6, self.backends6,
+                  self.src_ranges, self.svc_stats, self.dp_stats, self.config, self.front_filter,
+                  self.backend_filter, self.services6, self.backends6,
                   self.conntrack6, self.masq_ports6, self.frags6, self.affinity6, self.src_ranges6, self.config6):
             m.close()
 

@@ -17,6 +17,7 @@ from typing import Iterable
 
 from . import bpfsys, maglev
 from .errors import FrontendConflict, KxlbError, MapWriteError
+from .filters import AddressFilters
 from .journal import Journal, range_key
 from .layout import (C, DP_COUNTERS, FAMILIES, V4, Backend, BackendKey, Family, MaglevKey, ServiceKey,
                      SvcCounters, SvcValue, family_of, parse_net, raw_to_port)
@@ -298,6 +299,7 @@ class ServiceTable:
         self.bitmap = ids  # the service id bitmap (loader/svcids.py): kept up to date when given
         self._keyed: _KeyedIndex | None = None
         self.journal = journal or Journal(None)  # the writer's intent record (loader/journal.py)
+        self.filters = AddressFilters(maps)      # set before what they stand for is written
         self.maglev_max = maglev.check_table_size(maglev_table_size)
         self._chunks_used = 0
         self._states: dict[ServiceKey, ServiceState] | None = None
@@ -563,8 +565,20 @@ class ServiceTable:
         """Maglev table sizes of a spec's two sets under this table's maximum."""
         return maglev.table_size(len(spec.cluster), self.maglev_max), maglev.table_size(len(spec.local), self.maglev_max)
 
+    def _note(self, specs: Iterable[LbService]) -> None:
+        """The address filters' bits of these service ports' frontends and backends, set
+        before any of them is written (a packet must never find an entry without its bit)."""
+        specs = list(specs)
+        try:
+            self.filters.add((fe.key.vip for s in specs for fe in s.all_frontends),
+                             ((b.addr, b.port) for s in specs for b in (*s.cluster, *s.local)))
+        except OSError as exc:
+            raise _write_error(exc, f"service {specs[0].label}: writing the address filters failed",
+                               "address filter") from None
+
     def _write_slots(self, spec: LbService, svc_id: int, gen: int, tables: tuple[int, int]) -> None:
         """Both sets' slots and Maglev tables under ``gen``."""
+        self._note((spec,))
         keys, vals, tkeys, tvals, nt = _pack_slots(svc_id, gen, spec, tables)
         n = len(spec.cluster) + len(spec.local)
         fam = spec.key.family
@@ -594,6 +608,7 @@ class ServiceTable:
 
     def _write_entries(self, spec: LbService, svc_id: int, gen: int, tables: tuple[int, int],
                        flags: int = bpfsys.BPF_ANY) -> None:
+        self._note((spec,))
         fes = spec.all_frontends
         spec.key.family.map(self.maps, "services").put_many_raw(b"".join(_svc_key(fe.key) for fe in fes),
                                         b"".join(_svc_value(spec, fe.kind, svc_id, gen, tables) for fe in fes),
@@ -782,6 +797,7 @@ class ServiceTable:
                 svc_keys.append(_svc_key(fe.key))
                 svc_vals.append(_svc_value(st.spec, fe.kind, st.svc_id, 0, st.tables))
         n_chunks = n_slots = 0
+        self._note(checked)
         try:
             # Fresh counters for ids a deleted service may have used, then slots, ranges, entries.
             self.maps.svc_stats.reset_many(st.svc_id for st in states)

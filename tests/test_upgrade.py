@@ -24,6 +24,7 @@ from kxlb.loader.mapspec import current_pin
 from kxlb.loader.services import DatapathConfig, ServiceTable
 
 VIP = "10.96.5.1"
+GONE_VIP = "10.96.7.7"  # a service deleted with a connection open
 
 
 def kxlb(pin_dir, *args):
@@ -64,9 +65,11 @@ def test_upgrade_from_the_previous_release_and_back_keeps_every_connection(netla
     this release loads over it (conntrack converted from two entries a flow to a record
     per client socket, masqueraded flows' ports into the port table), `kxlb downgrade`
     and 0.1.0 load back over this one, this one again: every connection keeps its backend
-    throughout, and no datagram of a 200/s stream is lost."""
+    throughout, and no datagram of a 200/s stream is lost. One service is deleted before
+    the upgrade with a connection open: that flow's frontend and backend are then named
+    only by conntrack, and the new address filters must learn them from it."""
     lab, pin = netlab, netlab.pin_dir
-    lab.start_servers(8080)
+    lab.start_servers(8080, 8081)
     ifaces = [a for i in lab.node_ifaces for a in ("--iface", i)]
     ok(old_kxlb(old, pin, "load", "--netns", lab.node, *ifaces))
     backends = [f"{lab.backend_ip(i)}:8080" for i in range(3)]
@@ -77,11 +80,14 @@ def test_upgrade_from_the_previous_release_and_back_keeps_every_connection(netla
     config = BpfMap(os.path.join(pin, "config"), ctypes.c_uint32, V4.LbConfig)
     config.put(ctypes.c_uint32(0), DatapathConfig(snat_addrs=(lab.node_client_ip,)).to_c(V4))
     config.close()
-    targets = [("tcp", VIP, 80)] * 4 + [("tcp", lab.node_client_ip, 30080)] * 3 + [("udp", VIP, 53)] * 3
+    ok(old_kxlb(old, pin, "service", "add", f"{GONE_VIP}:81/tcp", f"{lab.backend_ip(1)}:8081"))
+    targets = ([("tcp", VIP, 80)] * 4 + [("tcp", lab.node_client_ip, 30080)] * 3 + [("udp", VIP, 53)] * 3
+               + [("tcp", GONE_VIP, 81)])
     holder = Holder(lab.client, targets)
     try:
         first = holder.first
         assert all(b.startswith("be") for b in first), first
+        ok(old_kxlb(old, pin, "service", "del", f"{GONE_VIP}:81/tcp"))  # its flow lives on
         flows = len(json.loads(ok(old_kxlb(old, pin, "conntrack", "--json")).stdout))  # as 0.1.0 lists them
         holder.ask("ping", "start", VIP, 53)
         before = tc_prog(lab.node, "cli0")
