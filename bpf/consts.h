@@ -59,11 +59,15 @@
 #define KXLB_TICKS(s)            ((__u32)((((__u64)(s) * 1000000000ull) + (1ull << KXLB_TICK_SHIFT) - 1) >> KXLB_TICK_SHIFT))
 
 /* Masquerade under a flood of new flows (a spoofed SYN flood at a masqueraded frontend):
- * more than KXLB_FLOOD_NEW_PER_TICK new masqueraded flows in one tick on one CPU, and for
- * a SYN's lifetime after it a port search may reclaim a port held by a flow that never got
+ * a port search that finds no free port may reclaim a port held by a flow that never got
  * past its first exchange (not confirmed both ways) once it is KXLB_FLOOD_HALF_OPEN_TICKS
- * old, as Linux's conntrack drops unconfirmed entries first when full. Katran's
- * is_under_flood() is the same idea for its LRU. */
+ * old, as Linux's conntrack drops unconfirmed entries first when full; more than
+ * KXLB_FLOOD_NEW_PER_TICK new masqueraded flows in one tick on one CPU make a flood period
+ * of a SYN's lifetime, in which a search gives up looking for a free port sooner
+ * (KXLB_FLOOD_FREE_TRIES). A free port is always preferred: the backend may still hold a
+ * half-open flow's 4-tuple (SYN_RECV, about a minute of SYN-ACK retransmissions), and a
+ * new connection's SYN on it looks like a stale duplicate there. Katran's is_under_flood()
+ * is the same idea for its LRU. */
 #define KXLB_FLOOD_NEW_PER_TICK  1024
 #define KXLB_FLOOD_HALF_OPEN_TICKS 2
 
@@ -137,7 +141,7 @@
 /* 19, 20: kxlb 0.2's stale-entry and peer-entry counters, gone with its two-entry flows */
 #define KXLB_ST_CT_REMAP         21      /* new flow's replies would be ambiguous: its source port remapped */
 #define KXLB_ST_NO_PROG          22      /* IPv6 frame, but no IPv6 program loaded: passed untouched */
-#define KXLB_ST_SNAT_RECLAIM     23      /* under a flood: a half-open flow's masquerade port taken back */
+#define KXLB_ST_SNAT_RECLAIM     23      /* no free masquerade port found: a half-open flow's taken back */
 #define KXLB_ST_CT_DIRECT        24      /* direct traffic on a flow's reply tuple: its source port remapped */
 #define KXLB_ST_FLOOD            25      /* new masqueraded flows over KXLB_FLOOD_NEW_PER_TICK (a tick, a CPU) */
 #define KXLB_ST_MAX              26
@@ -157,6 +161,12 @@
 #define KXLB_SRC_PORT_MIN        61000
 #define KXLB_SRC_PORT_MAX        65535
 #define KXLB_SRC_PORT_TRIES      48
+/* Tries after those, when every one met a taken port (the range is full for the backend):
+ * these may take back a port held by a half-open flow KXLB_FLOOD_HALF_OPEN_TICKS old, flood
+ * or not (ct.tmpl.h masq_take). Under a flood, tries may take one back after
+ * KXLB_FLOOD_FREE_TRIES tries found no free port. */
+#define KXLB_SRC_PORT_LAST_TRIES 8
+#define KXLB_FLOOD_FREE_TRIES    16
 
 /* The address filters (filter.h, maps.h front_filter and backend_filter): bitmaps of
  * 2^LOG bits, one bit per address (frontends) or address and port (backends), picked by

@@ -74,10 +74,10 @@ static __always_inline int tick_after(__u32 t, __u32 now)
 
 /* New masqueraded flows on this CPU: how many this tick, and until when the node counts
  * as under a flood. More than KXLB_FLOOD_NEW_PER_TICK in one tick starts (or extends) a
- * flood period of a SYN's lifetime: while it lasts, a port search may take back ports held
- * by half-open flows (consts.h), so connections made during and right after a spoofed SYN
- * flood find ports, where they would otherwise wait for the flood's half-open flows to
- * expire. Counted per CPU (no shared cache line written on the path); the period, once
+ * flood period of a SYN's lifetime: while it lasts, a port search gives up looking for a
+ * free port sooner (KXLB_FLOOD_FREE_TRIES) and takes back a port held by a half-open flow
+ * (consts.h), so a flood's own packets cost little more with its half-open flows filling
+ * the range. Counted per CPU (no shared cache line written on the path); the period, once
  * a CPU starts it, holds for every CPU (flood_until: written once per flood tick, read by
  * each new masqueraded flow), as a new connection may land on a CPU the flood missed. */
 struct flood_count {

@@ -139,15 +139,16 @@ static __always_inline void KX_(masq_range)(const struct KX_(lb_config) *cfg, __
 	}
 }
 
-static __always_inline int KX_(masq_way_taken)(const struct KX_(masq_way) *w, __u32 now, int flood)
+static __always_inline int KX_(masq_way_taken)(const struct KX_(masq_way) *w, __u32 now, int reclaim)
 {
 	__u64 c = w->claim;
 
 	if (!(c & KXLB_MASQ_F_USED) || !tick_after(w->expires, now))
 		return 0;
-	/* Under a flood: a port held by a flow that never got confirmed both ways is taken
-	 * back once it is a few ticks old (a spoofed SYN's SYN-ACK went nowhere). */
-	if (flood && !(c & KXLB_MASQ_F_CONFIRMED) && now - w->born >= KXLB_FLOOD_HALF_OPEN_TICKS)
+	/* Reclaiming (no free port found): a port held by a flow that never got confirmed
+	 * both ways is taken back once it is a few ticks old (a spoofed SYN's SYN-ACK went
+	 * nowhere). */
+	if (reclaim && !(c & KXLB_MASQ_F_CONFIRMED) && now - w->born >= KXLB_FLOOD_HALF_OPEN_TICKS)
 		return 0;
 	return 1;
 }
@@ -260,34 +261,42 @@ static __always_inline void KX_(ct_touch)(struct KX_(ct_flow) *f, const struct K
 }
 
 /* Claim a masquerade port for a new flow to backend peer:pport of client caddr:cport:
- * up to KXLB_SRC_PORT_TRIES random ports of the range; on each, the backend's own way
- * (masq_way_index): free, or held by a flow that is over (or, under a flood, by a
- * half-open one), it is taken with compare-and-swap, so of two CPUs claiming it one wins
- * and the other goes on. That way free means no flow to this backend holds the port: the
- * 4-tuple the backend sees is unique. Returns the port (host order), 0 when none was
- * free. */
+ * random ports of the range; on each, the backend's own way (masq_way_index): free, or held
+ * by a flow that is over, it is taken with compare-and-swap, so of two CPUs claiming it
+ * one wins and the other goes on. That way free means no flow to this backend holds the
+ * port: the 4-tuple the backend sees is unique. When the tries found no free port (all
+ * KXLB_SRC_PORT_TRIES; under a flood, KXLB_FLOOD_FREE_TRIES), the rest (up to
+ * KXLB_SRC_PORT_LAST_TRIES more) may take back a port held by a half-open flow
+ * KXLB_FLOOD_HALF_OPEN_TICKS old, as Linux's conntrack drops an unconfirmed entry when its
+ * table is full (early_drop): a spoofed SYN flood too slow to count as one
+ * (KXLB_FLOOD_NEW_PER_TICK) still fills a range within a port's hold time. Only then: the
+ * backend may still hold that flow's 4-tuple half open, and would take the new
+ * connection's SYN for a stale duplicate (the lab's test_spoofed_syn_flood saw SYNs
+ * retransmitted when a search took the first reclaimable port it met). Returns the port
+ * (host order), 0 when none was free. */
 static __always_inline __u32 KX_(masq_take)(kx_addr_t peer, __be16 pport, __u8 proto, kx_addr_t caddr,
 					    __be16 cport, const struct KX_(lb_config) *cfg, __u32 now)
 {
 	__u64 mine = KX_(masq_claim)(peer, pport, proto, KXLB_MASQ_F_USED);
 	__u32 j = KX_(masq_way_index)(peer, pport);
 	__u32 lo, span;
-	int flood = masq_flood(now);
+	__u32 free_tries = masq_flood(now) ? KXLB_FLOOD_FREE_TRIES : KXLB_SRC_PORT_TRIES;
 
 	KX_(masq_range)(cfg, &lo, &span);
 #pragma clang loop unroll(disable)
-	for (__u32 i = 0; i < KXLB_SRC_PORT_TRIES; i++) {
+	for (__u32 i = 0; i < KXLB_SRC_PORT_TRIES + KXLB_SRC_PORT_LAST_TRIES; i++) {
 		/* Each try an independent random port: a probe sequence shared by every flow
 		 * (a fixed stride) clusters taken ports, and a nearly full range then fails
 		 * with ports free; independent tries fail with probability fill^tries. */
 		__u32 port = lo + bpf_get_prandom_u32() % span;
+		int reclaim = i >= free_tries;
 		struct KX_(masq_entry) *e = KX_(masq_map).lookup(&port);
 
 		if (!e || j >= KXLB_MASQ_WAYS)
 			continue;
 		struct KX_(masq_way) *w = &e->way[j];
 		__u64 old = w->claim;
-		if (KX_(masq_way_taken)(w, now, flood))
+		if (KX_(masq_way_taken)(w, now, reclaim))
 			continue;
 		if (__sync_val_compare_and_swap(&w->claim, old, mine) != old)
 			continue;   /* another CPU took it first */

@@ -141,8 +141,8 @@ struct ct_entry {
  * backends. `claim`: the backend (address folded, port), the protocol and KXLB_MASQ_F_*
  * in the low 8 bits, claimed with compare-and-swap. A way is free once `expires` passed
  * (its flow's lifetime, plus TIME_WAIT for TCP: the backend keeps the 4-tuple that long),
- * or, under a flood of new flows, when its flow never got confirmed both ways and is
- * KXLB_FLOOD_HALF_OPEN_TICKS old (`born`). */
+ * or, to a port search that found no free way, when its flow never got confirmed both
+ * ways and is KXLB_FLOOD_HALF_OPEN_TICKS old (`born`). */
 struct masq_way {
 	__u64  claim;
 	__be32 peer_addr;    /* the backend */

@@ -60,9 +60,14 @@ class Lab:
     def __init__(self, workdir: os.PathLike | str = DEFAULT_WORKDIR, *, name: str = "kxlab", nodes: int = 2,
                  proxy: str = "kxlb", port_offset: int = 0, advertise_address: Optional[str] = None,
                  api_iface: Optional[str] = None, bin_dir: os.PathLike | str | None = None,
-                 kubelet: bool = False, log: Optional[Callable[[str], None]] = None):
+                 kubelet: bool = False, rp_filter: int = 0, node_port_range: Optional[str] = None,
+                 masquerade_ports: Optional[str] = None, log: Optional[Callable[[str], None]] = None):
         if proxy not in PROXIES:
             raise ValueError(f"proxy must be one of {', '.join(PROXIES)}")
+        for flag, val in (("node_port_range", node_port_range), ("masquerade_ports", masquerade_ports)):
+            lo, dash, hi = (val or "1-1").partition("-")
+            if not (dash and lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi) <= 65535):
+                raise ValueError(f"{flag} {val!r}: expected LO-HI, ports 1-65535")
         self.workdir = Path(workdir).resolve()
         self.name, self.nodes, self.proxy_requested = name, nodes, proxy
         self.port_offset = port_offset
@@ -71,8 +76,12 @@ class Lab:
         self.api_iface = api_iface or ("kxlb-apisrv0" if name == "kxlab" else f"{name[:10]}-api0")
         self._bin_dir = Path(bin_dir) if bin_dir else None
         self.kubelet = kubelet   # real kubelet + containerd nodes (lab/kubelet.py), else pod agents
+        # Node settings a cluster may have (docs/lab.md, "Options"): reverse-path filtering on
+        # the nodes, the API server's NodePort range (kxlb's controller is given the same),
+        # kxlb's masquerade ports (None: the controller chooses).
+        self.node_port_range, self.masquerade_ports = node_port_range, masquerade_ports
         self.log = log or (lambda msg: print(f"lab: {msg}", file=sys.stderr, flush=True))
-        self.topology = Topology(name, nodes)
+        self.topology = Topology(name, nodes, rp_filter=rp_filter)
         # The lab's own processes (the control plane's have theirs): run/lab-<role>.pid.
         self.sup = Supervisor(self.workdir, MARKER_ENV, error=LabError, prefix="lab-", log=self.log)
 
@@ -98,7 +107,8 @@ class Lab:
         args = dict(name=st["topology"]["name"], nodes=len(st["topology"]["nodes"]),
                     proxy=st.get("proxy_requested", "kxlb"), port_offset=st.get("port_offset", 0),
                     advertise_address=st.get("advertise_address"), api_iface=st.get("api_iface"),
-                    bin_dir=st.get("bin_dir"), kubelet=st.get("runtime") == "kubelet")
+                    bin_dir=st.get("bin_dir"), kubelet=st.get("runtime") == "kubelet",
+                    **{k: v for k, v in (st.get("options") or {}).items()})
         args.update(kw)
         return cls(wd, **args)
 
@@ -107,7 +117,7 @@ class Lab:
         extra = {cpmod.APISERVER: [f"--egress-selector-config-file={self.egress_selector}"]} if self.kubelet else {}
         return ControlPlane(self.workdir, self._bin_dir, ports=Ports().shifted(self.port_offset),
                             advertise_address=self.advertise_address, iface=self.api_iface,
-                            service_cidr=SERVICE_CIDRS, extra_args=extra,
+                            service_cidr=SERVICE_CIDRS, node_port_range=self.node_port_range, extra_args=extra,
                             log=lambda m: self.log(f"controlplane: {m}"))
 
     # The API server's way into a kubelet lab, as a konnectivity server is on a cluster
@@ -203,12 +213,14 @@ class Lab:
         st = self.read_state()
         running = bool(st) and st.get("state") != "down"
         same = bool(st) and (st["topology"]["name"], len(st["topology"]["nodes"]), st.get("port_offset", 0),
-                             st.get("runtime", "agent")) == \
-            (self.name, self.nodes, self.port_offset, "kubelet" if self.kubelet else "agent")
+                             st.get("runtime", "agent"), st.get("options") or {}) == \
+            (self.name, self.nodes, self.port_offset, "kubelet" if self.kubelet else "agent", self.options)
         if running and not same and \
                 ControlPlane.from_workdir(self.workdir).status(probe=False)["components"][cpmod.APISERVER]["running"]:
+            opts = " ".join(f"{k}={v}" for k, v in (st.get("options") or {}).items())
             raise LabError(f"the lab in {self.workdir} runs as {st['topology']['name']} with "
-                           f"{len(st['topology']['nodes'])} nodes; `kxlb lab down` first")
+                           f"{len(st['topology']['nodes'])} nodes{', ' + opts if opts else ''}; "
+                           f"`kxlb lab down` first")
         if running and same and self._try_repair():
             self.log(f"already up ({self.workdir}); checked in {time.monotonic() - t0:.1f}s")
             return self
@@ -233,6 +245,13 @@ class Lab:
         self._start_proxy(timeout)
         self.log(f"up in {time.monotonic() - t0:.1f}s; kubeconfig {self.kubeconfig}; proxy {self.proxy}")
         return self
+
+    @property
+    def options(self) -> dict:
+        """The lab's options that differ from the defaults (lab.json "options")."""
+        opts = {"rp_filter": self.topology.rp_filter, "node_port_range": self.node_port_range,
+                "masquerade_ports": self.masquerade_ports}
+        return {k: v for k, v in opts.items() if v}
 
     def _claim_path(self) -> Path:
         return CLAIM_DIR / f"{self.name}.json"
@@ -298,6 +317,7 @@ class Lab:
             "kube_proxy_kubeconfig": str(self.kube_proxy_kubeconfig),
             "proxy_requested": self.proxy_requested,
             "runtime": "kubelet" if self.kubelet else "agent",
+            "options": self.options,
         })
         st.setdefault("created_id", str(uuid.uuid4()))
         st.update(extra)
@@ -537,7 +557,7 @@ class Lab:
             "kubeconfig": str(self.kubeconfig), "kube_proxy_kubeconfig": str(self.kube_proxy_kubeconfig),
             "server": f"https://127.0.0.1:{self.api_port}",
             "proxy": (st or {}).get("proxy"), "proxy_requested": (st or {}).get("proxy_requested"),
-            "k8s_version": (st or {}).get("k8s_version"),
+            "k8s_version": (st or {}).get("k8s_version"), "options": (st or {}).get("options") or {},
             "client": {"netns": self.client_ns, "ip": self.client_ip,
                        "present": netns_exists(self.client_ns),
                        "routes": self.topology.to_dict()["client"]["routes"]},

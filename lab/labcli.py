@@ -1,6 +1,7 @@
 """`kxlb lab`: the Kubernetes lab from the command line.
 
-    kxlb lab up [--nodes N] [--proxy kxlb|kube-proxy|none] [--kubelet] [--no-build] [--timeout S]
+    kxlb lab up [--nodes N] [--proxy kxlb|kube-proxy|none] [--kubelet] [--rp-filter off|strict|loose]
+                [--service-node-port-range LO-HI] [--masquerade-ports LO-HI] [--no-build] [--timeout S]
     kxlb lab status [--json]
     kxlb lab exec node/NAME|client|fabric|NAMESPACE/POD -- CMD...
     kxlb lab kubectl ARGS...
@@ -32,6 +33,8 @@ def _summary(lab: Lab) -> str:
     st = lab.status(probe=False)
     lines = [f"lab {lab.name} is up (proxy: {st['proxy']}), work directory {lab.workdir}",
              f"  kubeconfig   {lab.kubeconfig}"]
+    if st["options"]:
+        lines.append(f"  options      {', '.join(f'{k} {v}' for k, v in st['options'].items())}")
     for n in st["nodes"]:
         lines.append(f"  node         {n['name']}: netns {n['netns']}, InternalIP {n['internal_ip']}, "
                      f"podCIDR {n['pod_cidr']}")
@@ -44,9 +47,14 @@ def _summary(lab: Lab) -> str:
     return "\n".join(lines)
 
 
+RP_FILTER = {"off": 0, "strict": 1, "loose": 2}
+
+
 def cmd_up(a) -> None:
     kw = {k: v for k, v in (("nodes", a.nodes), ("proxy", a.proxy), ("name", a.name),
-                            ("port_offset", a.port_offset), ("kubelet", a.kubelet)) if v is not None}
+                            ("port_offset", a.port_offset), ("kubelet", a.kubelet),
+                            ("rp_filter", RP_FILTER.get(a.rp_filter)), ("node_port_range", a.service_node_port_range),
+                            ("masquerade_ports", a.masquerade_ports)) if v is not None}
     lab = _lab(a, **kw)
     lab.up(build=not a.no_build, timeout=a.timeout)
     print(_summary(lab))
@@ -147,6 +155,16 @@ def register(sub) -> None:
                         "control plane), the proxy as a DaemonSet (kxlb from deploy/kxlb.yaml, kube-proxy "
                         "from kubeadm's manifest); --no-kubelet: the pod agent (fast, no images). Default: "
                         "the running lab's, else --no-kubelet")
+    c.add_argument("--rp-filter", choices=RP_FILTER,
+                   help="reverse-path filtering on every node (net.ipv4.conf.{all,default,IFACE}.rp_filter): "
+                        "off (0), strict (1: CIS benchmarks, kind) or loose (2). Default: the running lab's, else off")
+    c.add_argument("--service-node-port-range", metavar="LO-HI",
+                   help="the API server's NodePort range (kxlb's controller gets the same flag). Default: the "
+                        "running lab's, else kube-apiserver's 30000-32767")
+    c.add_argument("--masquerade-ports", metavar="LO-HI",
+                   help="kxlb's masquerade source ports (`kxlb controller --masquerade-ports`; at least 1024, "
+                        "outside the NodePort range and the nodes' ephemeral ports). Default: the running lab's, "
+                        "else the controller's choice")
     c.add_argument("--no-build", action="store_true", help="do not run lab/k8s/build.sh")
     c.add_argument("--timeout", type=float, default=180, help="seconds to wait for readiness (default %(default)s)")
     c.add_argument("--name", help=argparse.SUPPRESS)          # a second lab beside the first (tests)

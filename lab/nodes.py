@@ -131,13 +131,39 @@ def sysctl(ns: str | None, values: dict[str, str]) -> None:
                     raise
 
 
+def set_node_conf(ns: str, values: dict[str, int]) -> None:
+    """net.ipv4.conf.{all,default,<every interface>}.NAME = value in namespace *ns*."""
+    with netns(ns):
+        keys = sorted(os.listdir("/proc/sys/net/ipv4/conf"), key=lambda k: (k not in ("all", "default"), k))
+        for key in keys:
+            for name, val in values.items():
+                try:
+                    with open(f"/proc/sys/net/ipv4/conf/{key}/{name}", "w") as f:
+                        f.write(str(val))
+                except FileNotFoundError:
+                    pass  # an interface gone meanwhile (a pod's veth)
+
+
+def node_conf(ns: str, name: str) -> dict[str, int]:
+    """net.ipv4.conf.*.NAME in namespace *ns*: {"all": v, "default": v, iface: v, ...}."""
+    out = {}
+    with netns(ns):
+        for key in os.listdir("/proc/sys/net/ipv4/conf"):
+            try:
+                with open(f"/proc/sys/net/ipv4/conf/{key}/{name}") as f:
+                    out[key] = int(f.read())
+            except FileNotFoundError:
+                pass
+    return out
+
+
 NO_IPV6 = {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"}
 IPV6 = {"net.ipv6.conf.all.disable_ipv6": "0", "net.ipv6.conf.default.disable_ipv6": "0",
         "net.ipv6.conf.all.accept_dad": "0", "net.ipv6.conf.default.accept_dad": "0",
         "net.ipv6.conf.all.router_solicitations": "0", "net.ipv6.conf.default.router_solicitations": "0"}
 ROUTER = {
     "net.ipv4.ip_forward": "1",
-    "net.ipv4.conf.all.rp_filter": "0", "net.ipv4.conf.default.rp_filter": "0",
+    # rp_filter: Topology.rp_filter, set once the node's interfaces exist (reset_node_conf).
     # node 1 forwards the client's service traffic back out of eth0 to another node:
     # an ICMP redirect would teach the client to bypass it.
     "net.ipv4.conf.all.send_redirects": "0", "net.ipv4.conf.default.send_redirects": "0",
@@ -197,10 +223,16 @@ class Topology:
     nodes: int = 2
     cgroup_root: str = field(default_factory=cgroup2_root)
     bpffs: str = "/sys/fs/bpf"
+    # Reverse-path filtering on the nodes (net.ipv4.conf.*.rp_filter): 0 off (the lab's
+    # default), 1 strict (CIS benchmarks, kind), 2 loose. Set on all, default and every
+    # interface of every node, so a pod's veth made later is born with it.
+    rp_filter: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= 50:
             raise ValueError("1 to 50 nodes")
+        if self.rp_filter not in (0, 1, 2):
+            raise ValueError(f"rp_filter {self.rp_filter!r}: 0 (off), 1 (strict) or 2 (loose)")
         if len(self.fabric_ns) > 64 or not self.name.replace("-", "").isalnum():
             raise ValueError(f"bad lab name {self.name!r}")
 
@@ -263,7 +295,7 @@ class Topology:
             "nodes": [asdict(n) | {"netns": n.netns} for n in self.node_specs],
             "cgroup_root": self.cgroup_root, "fabric_cidr": FABRIC_CIDR, "cluster_cidr": CLUSTER_CIDR,
             "service_cidr": SERVICE_CIDR, "fabric_cidr6": FABRIC_CIDR6, "cluster_cidr6": CLUSTER_CIDR6,
-            "service_cidr6": SERVICE_CIDR6,
+            "service_cidr6": SERVICE_CIDR6, "rp_filter": self.rp_filter,
         }
 
     # ---- create / check / destroy ---------------------------------------------------------
@@ -290,7 +322,15 @@ class Topology:
         ip_batch(self.client_ns, [f"route add {r} via {self.node(1).ip} dev eth0" for r in CLIENT_ROUTES]
                  + [f"route add {r} via {self.node(1).ip6} dev eth0" for r in CLIENT_ROUTES6])
         for n in self.node_specs:
+            self.reset_node_conf(n)
             os.makedirs(n.cgroup, exist_ok=True)
+
+    def reset_node_conf(self, n: NodeSpec) -> None:
+        """The lab's per-interface IPv4 settings on node *n*: rp_filter as configured on
+        all, default and every interface, accept_local off. At creation, and after a
+        proxy leaves (kxlb makes the devices it hooks loose and accept_local: a
+        kube-proxy after it must meet the node as configured)."""
+        set_node_conf(n.netns, {"rp_filter": self.rp_filter, "accept_local": 0})
 
     def _add_ns(self, ns: str, extra: dict[str, str] | None = None, ipv6: bool = True) -> None:
         run("ip", "netns", "add", ns)

@@ -11,7 +11,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from .client import http_get
 from .errors import LabError
@@ -53,14 +53,23 @@ KUBE_PROXY_METRICS_BASE = 16600   # inside the node's namespace
 KUBE_PROXY_HEALTHZ_BASE = 16700   # inside the node's namespace
 
 
-def controller_argv(n: NodeSpec, mode: str, port_offset: int, kubeconfig: Path) -> list[str]:
-    """`kxlb controller` on node *n*, as the DaemonSet runs it (host network, its pin dir)."""
+def controller_options(node_port_range: Optional[str] = None, masquerade_ports: Optional[str] = None) -> list[str]:
+    """The lab's options as `kxlb controller` flags: the API server's NodePort range (the
+    controller keeps its masquerade ports outside it) and the masquerade ports."""
+    return ([f"--service-node-port-range={node_port_range}"] if node_port_range else []) + \
+        ([f"--masquerade-ports={masquerade_ports}"] if masquerade_ports else [])
+
+
+def controller_argv(n: NodeSpec, mode: str, port_offset: int, kubeconfig: Path,
+                    options: Sequence[str] = ()) -> list[str]:
+    """`kxlb controller` on node *n*, as the DaemonSet runs it (host network, its pin dir);
+    *options*: controller_options()."""
     port = CONTROLLER_METRICS_BASE + port_offset + n.index
     return [sys.executable, "-m", "kxlb", "--pin-dir", n.pin_dir, "controller",
             "--node-name", n.name, "--kubeconfig", str(kubeconfig),
             "--netns", n.netns, "--iface", "eth0", "--iface", "kxp*", "--cgroup", n.cgroup,
             "--cluster-cidr", CLUSTER_CIDRS, "--metrics-bind-address", f"127.0.0.1:{port}",
-            *PROXY_MODES[mode].flags]
+            *options, *PROXY_MODES[mode].flags]
 
 
 def kube_proxy_argv(n: NodeSpec, mode: str, port_offset: int, kubeconfig: Path, bin_dir: Path) -> list[str]:
@@ -199,13 +208,14 @@ def kubeconfig_for_pods(server: str) -> dict:
 
 
 def kxlb_daemonset(mode: str, *, api_host: str, api_port: int, cgroup_dir: str, bpffs: str,
-                   kubectl: Optional[Path] = None) -> list[dict]:
+                   kubectl: Optional[Path] = None, options: Sequence[str] = ()) -> list[dict]:
     """deploy/base rendered by kustomize, with the lab's values where a cluster's overlay puts
     its own: in the ConfigMap, the API server's address, both families' cluster CIDRs,
     metrics on every address (as the lab's kube-proxy has them: tests scrape them from a
     pod), the uplink eth0 and the lab CNI's ``kxp*`` pod interfaces. In the DaemonSet, what
     no cluster-wide ConfigMap can say: each node has its own cgroup and pin directory under
-    the host's (``$(NODE_NAME)``, expanded by the kubelet); and *mode*'s flags (XDP)."""
+    the host's (``$(NODE_NAME)``, expanded by the kubelet); and *mode*'s flags (XDP) and the
+    lab's *options* (controller_options())."""
     import yaml
     docs = kustomize(DEPLOY_BASE, kubectl)
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
@@ -223,7 +233,7 @@ def kxlb_daemonset(mode: str, *, api_host: str, api_port: int, cgroup_dir: str, 
                 "KXLB_PIN_DIR": f"{bpffs}/$(NODE_NAME)"}   # read by `kxlb` itself (--pin-dir)
     c["env"] = [e for e in c["env"] if e["name"] not in per_node] + \
         [{"name": k, "value": v} for k, v in per_node.items()]   # after NODE_NAME, which they use
-    c["args"] = c["args"] + list(PROXY_MODES[mode].flags)
+    c["args"] = c["args"] + list(options) + list(PROXY_MODES[mode].flags)
     return docs
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 from . import procs, proxies
 from .errors import LabError
-from .nodes import NodeSpec
+from .nodes import NodeSpec, netns_exists
 from .proxies import PROXIES, PROXY_MODES
 from .supervisor import LAB_MARKER, clean_env
 
@@ -37,6 +37,10 @@ def controller_available(python: str = sys.executable) -> bool:
 class ProxyRunner:
     def __init__(self, lab: "Lab"):
         self.lab = lab
+
+    @property
+    def controller_options(self) -> list[str]:
+        return proxies.controller_options(self.lab.node_port_range, self.lab.masquerade_ports)
 
     def set(self, mode: str, *, timeout: float = 120) -> str:
         """Stop the running proxy, clean up after it, start *mode* on every node and wait
@@ -61,7 +65,8 @@ class ProxyRunner:
         for n in lab.node_specs:
             if kind == "kxlb":
                 lab.sup.spawn(f"proxy-{n.name}",
-                              proxies.controller_argv(n, actual, lab.port_offset, lab.kube_proxy_kubeconfig),
+                              proxies.controller_argv(n, actual, lab.port_offset, lab.kube_proxy_kubeconfig,
+                                                      self.controller_options),
                               proxies.log_name(actual, n.name), extra_env={"KXLB_PIN_DIR": n.pin_dir})
             else:
                 lab.sup.spawn(f"proxy-{n.name}", proxies.kube_proxy_argv(n, actual, lab.port_offset,
@@ -88,7 +93,8 @@ class ProxyRunner:
         if PROXY_MODES[mode].kind == "kxlb":
             ref, archive = proxyimages.KXLB_IMAGE, proxyimages.kxlb_image(REPO)
             docs = proxies.kxlb_daemonset(mode, api_host=lab.advertise_address, api_port=lab.api_port,
-                                          cgroup_dir=lab.topology.cgroup_dir, bpffs=lab.topology.bpffs)
+                                          cgroup_dir=lab.topology.cgroup_dir, bpffs=lab.topology.bpffs,
+                                          options=self.controller_options)
         else:
             version = (lab.read_state() or {})["k8s_version"]
             ref, archive = proxyimages.kube_proxy_image(lab.bin_dir / "kube-proxy", version)
@@ -166,3 +172,5 @@ class ProxyRunner:
                             "--cascade=foreground", "--timeout=60s", check=False, timeout=90)
         for n in lab.node_specs:
             proxies.clear_node(n)
+            if netns_exists(n.netns):
+                lab.topology.reset_node_conf(n)  # rp_filter and accept_local as the lab set them

@@ -204,8 +204,10 @@ def test_kind_overlay_sets_every_key_with_kinds_values(kind):
 # ---- the DaemonSets the real-kubelet lab applies (lab/proxies.py) -------------------------------
 @pytest.mark.parametrize("mode", ["kxlb", "kxlb-xdp"])
 def test_lab_kxlb_daemonset_is_the_base_with_the_lab_values(cp, base, mode):
+    options = proxies.controller_options("30000-30299", "20000-21023")   # the lab's options, as flags
     docs = proxies.kxlb_daemonset(mode, api_host="10.254.0.4", api_port=6443,
-                                  cgroup_dir="/sys/fs/cgroup/unified/kx", bpffs="/sys/fs/bpf/kx", kubectl=KUBECTL)
+                                  cgroup_dir="/sys/fs/cgroup/unified/kx", bpffs="/sys/fs/bpf/kx", kubectl=KUBECTL,
+                                  options=options)
     r = dry_run(cp, docs)
     assert r.returncode == 0, r.stderr
     assert "daemonset.apps/kxlb" in r.stdout and "(server dry run)" in r.stdout, r.stdout
@@ -225,6 +227,8 @@ def test_lab_kxlb_daemonset_is_the_base_with_the_lab_values(cp, base, mode):
     assert [e["name"] for e in c["env"]].index("NODE_NAME") == 0   # defined before the values using it
     assert ("--xdp" in c["args"]) == (mode == "kxlb-xdp")
     assert c["args"][:len(container(base)["args"])] == container(base)["args"]
+    assert c["args"][len(container(base)["args"]):] == options + list(proxies.PROXY_MODES[mode].flags)
+    assert options == ["--service-node-port-range=30000-30299", "--masquerade-ports=20000-21023"]
     # Everything else is the base's own: RBAC, probes, security, volumes.
     assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [(d["kind"], d["metadata"]["name"]) for d in base]
 

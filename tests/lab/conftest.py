@@ -10,6 +10,9 @@
   ``set_ready()``, ``endpoints()``, ``delete_pod()``.
 - ``kube_proxy``: the session lab with the real kube-proxy (nftables) on every node for
   the duration of the test; back to ``none`` afterwards.
+- ``lab_of_its_own(...)`` and ``namespace_in(lab, request)``: context managers for a
+  module's own lab, with options the session lab does not have (strict rp_filter, a small
+  NodePort range, a small masquerade range), and a Kubernetes namespace in it.
 - ``with_proxy``: a function ``with_proxy("kxlb" | "kube-proxy" | "none") -> Lab`` that
   switches the session lab's proxy for this test (fails, never skips, if ``kxlb`` is
   not available); back to ``none`` afterwards. For differential tests::
@@ -25,10 +28,12 @@ minutes on 2 cores, not counted in the tests' own timeouts).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -62,6 +67,33 @@ def lab_bin_dir() -> Path:
     if os.geteuid() != 0:
         pytest.fail("the lab tests must run as root")
     return cpmod.ensure_binaries(timeout=BUILD_TIMEOUT)
+
+
+@contextlib.contextmanager
+def lab_of_its_own(name: str, port_offset: int, **options) -> Iterator[Lab]:
+    """A lab beside the session lab (its own name, work directory and ports), with
+    *options* (``Lab``'s: rp_filter, node_port_range, masquerade_ports), no proxy at first;
+    down at the end."""
+    lab = Lab(Path(tempfile.gettempdir()) / f"kxlb-test-{name}", name=name, nodes=2, proxy="none",
+              port_offset=port_offset, log=lambda m: print(f"lab {name}: {m}", flush=True), **options)
+    lab.up(build=False)
+    try:
+        yield lab
+    finally:
+        lab.down()
+
+
+@contextlib.contextmanager
+def namespace_in(lab: Lab, request) -> Iterator[kube.Namespace]:
+    """A fresh Kubernetes namespace of *lab* named after the test; deleted afterwards."""
+    api = lab.api_client()
+    base = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower().removeprefix("test_"))[:40].strip("-")
+    name = kube.create_namespace(api, f"t-{base}-")
+    try:
+        yield kube.Namespace(api, name)
+    finally:
+        kube.delete_namespace(api, name)
+        api.close()
 
 
 @pytest.fixture(scope="session")
