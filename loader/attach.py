@@ -63,6 +63,24 @@ def interface_exists(ns: str | None, iface: str) -> None:
         _ifindex(ipr, iface, ns)
 
 
+# Link types whose frames start with an Ethernet header, as the datapath parses them
+# (parse.h). A tun, WireGuard or IP-in-IP device hands tc and XDP a bare IP packet (link
+# type "none", 65534, or a tunnel's), which the parser would misread as Ethernet.
+ARPHRD_ETHER = 1
+ARPHRD_LOOPBACK = 772
+ETHERNET_LINK_TYPES = {ARPHRD_ETHER: "ether", ARPHRD_LOOPBACK: "loopback"}
+
+
+def require_ethernet(ns: str | None, iface: str) -> None:
+    """Refuse, in one line, a device whose frames have no Ethernet header."""
+    with _ipr(ns) as ipr:
+        link = ipr.get_links(_ifindex(ipr, iface, ns))[0]
+    kind = link["ifi_type"]
+    if kind not in ETHERNET_LINK_TYPES:
+        raise KxlbError(f"interface {iface!r}: link type {kind} is not Ethernet (a tun, WireGuard or "
+                        f"IP tunnel device?); kxlb's programs parse Ethernet frames only")
+
+
 def _netlink_error(exc: Exception, what: str) -> KxlbError:
     code = getattr(exc, "code", None)
     hint = " (needs root: CAP_NET_ADMIN and CAP_BPF)" if code in (errno.EPERM, errno.EACCES) else ""

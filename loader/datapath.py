@@ -409,6 +409,7 @@ def attach_one(dp: Datapath, iface: str, ns: str | None, xdp_mode: str | None, p
     holds the writer lock). An XDP program kxlb did not attach is never replaced (XDP) or
     detached (tc) unless ``force``. XDP on a device where packets with partial checksums
     can arrive is refused unless ``xdp_trust_checksums``."""
+    attach.require_ethernet(ns, iface)  # the controller's interface patterns may match a tunnel
     if xdp_mode and not xdp_trust_checksums:
         check_xdp_placement(ns, iface, xdp_mode)
     own = reg is None
@@ -435,6 +436,7 @@ def load(ifaces: list[str], ns: str | None = None, xdp_mode: str | None = None,
     netns_path(ns)
     for iface in ifaces:
         attach.interface_exists(ns, iface)
+        attach.require_ethernet(ns, iface)
         if xdp_mode and not xdp_trust_checksums:
             check_xdp_placement(ns, iface, xdp_mode)
     created = not os.path.lexists(pin_dir)

@@ -160,6 +160,21 @@ def test_a_load_on_a_missing_interface_leaves_nothing(netlab):
     assert tc_prog(netlab.node, "cli0") == ""
 
 
+def test_a_device_without_ethernet_frames_is_refused_before_anything_changes(netlab):
+    """A tun device (as WireGuard and IP tunnels) hands tc bare IP packets, which the
+    datapath would parse as Ethernet: refused in one line, nothing compiled or attached."""
+    subprocess.run(["ip", "-n", netlab.node, "tuntap", "add", "dev", "kxtun0", "mode", "tun"], check=True)
+    try:
+        r = kxlb(netlab.pin_dir, "load", "--netns", netlab.node, "--iface", "cli0", "--iface", "kxtun0")
+        assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+            "kxlb: error: interface 'kxtun0': link type 65534 is not Ethernet (a tun, WireGuard or IP tunnel "
+            "device?); kxlb's programs parse Ethernet frames only"], r.stderr
+        assert not os.path.exists(netlab.pin_dir)
+        assert tc_prog(netlab.node, "cli0") == ""
+    finally:
+        subprocess.run(["ip", "-n", netlab.node, "link", "del", "kxtun0"], check=False)
+
+
 def test_a_new_conntrack_capacity_keeps_open_connections(netlab):
     """A build with another conntrack size migrates the table: the open connections keep
     their backend and their reverse NAT through the new map."""
