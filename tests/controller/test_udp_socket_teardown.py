@@ -97,10 +97,13 @@ def ask():
 first = ask()
 print(json.dumps(first), flush=True)
 sys.stdin.readline()                      # the parent removed that endpoint
-res, t0 = {"answers": []}, time.monotonic()
+res, t0 = {"answers": [], "lost": 0}, time.monotonic()
 try:
     while time.monotonic() - t0 < 15 and (not res["answers"] or res["answers"][-1] == first):
-        res["answers"].append(ask())
+        try:
+            res["answers"].append(ask())
+        except TimeoutError:      # an answer lost (below), not the socket failing
+            res["lost"] += 1
         time.sleep(0.05)
 except OSError as e:
     res["error"] = errno.errorcode.get(e.errno, str(e))
@@ -127,4 +130,9 @@ def test_a_pods_udp_flow_to_a_removed_endpoint_moves_on(api, ns, lab, controller
 
     first, res = run_child(controller, lab.client, POD_CHILD, ip, remove_the_used)
     assert "error" not in res and res["peer"] == ip
-    assert res["answers"][-1] != first and res["took"] < 10, res
+    assert res["answers"] and res["answers"][-1] != first and res["took"] < 10, res
+    # At most the one datagram in flight when its flow was flushed: asked through the old
+    # flow, answered after it went, that answer is not translated back and the socket
+    # (connected to the VIP) drops it. kube-proxy loses it the same way (conntrack -D
+    # while a reply is on its way); the resolver asks again, as the child does.
+    assert res["lost"] <= 1, res
