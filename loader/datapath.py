@@ -435,8 +435,7 @@ def load(ifaces: list[str], ns: str | None = None, xdp_mode: str | None = None,
     from .netns import netns_path
     netns_path(ns)
     for iface in ifaces:
-        attach.interface_exists(ns, iface)
-        attach.require_ethernet(ns, iface)
+        attach.require_ethernet(ns, iface)  # "not found" first, as interface_exists says it
         if xdp_mode and not xdp_trust_checksums:
             check_xdp_placement(ns, iface, xdp_mode)
     created = not os.path.lexists(pin_dir)

@@ -565,20 +565,20 @@ class ServiceTable:
         """Maglev table sizes of a spec's two sets under this table's maximum."""
         return maglev.table_size(len(spec.cluster), self.maglev_max), maglev.table_size(len(spec.local), self.maglev_max)
 
-    def _note(self, specs: Iterable[LbService]) -> None:
-        """The address filters' bits of these service ports' frontends and backends, set
-        before any of them is written (a packet must never find an entry without its bit)."""
+    def _note(self, specs: Iterable[LbService], fronts: bool = True, backends: bool = True) -> None:
+        """The address filters' bits of these service ports' frontends and/or backends, set
+        before they are written (a packet must never find an entry without its bit)."""
         specs = list(specs)
         try:
-            self.filters.add((fe.key.vip for s in specs for fe in s.all_frontends),
-                             ((b.addr, b.port) for s in specs for b in (*s.cluster, *s.local)))
+            self.filters.add((fe.key.vip for s in specs for fe in s.all_frontends) if fronts else (),
+                             ((b.addr, b.port) for s in specs for b in (*s.cluster, *s.local)) if backends else ())
         except OSError as exc:
             raise _write_error(exc, f"service {specs[0].label}: writing the address filters failed",
                                "address filter") from None
 
     def _write_slots(self, spec: LbService, svc_id: int, gen: int, tables: tuple[int, int]) -> None:
         """Both sets' slots and Maglev tables under ``gen``."""
-        self._note((spec,))
+        self._note((spec,), fronts=False)
         keys, vals, tkeys, tvals, nt = _pack_slots(svc_id, gen, spec, tables)
         n = len(spec.cluster) + len(spec.local)
         fam = spec.key.family
@@ -608,7 +608,7 @@ class ServiceTable:
 
     def _write_entries(self, spec: LbService, svc_id: int, gen: int, tables: tuple[int, int],
                        flags: int = bpfsys.BPF_ANY) -> None:
-        self._note((spec,))
+        self._note((spec,), backends=False)  # the slots it names were noted when written
         fes = spec.all_frontends
         spec.key.family.map(self.maps, "services").put_many_raw(b"".join(_svc_key(fe.key) for fe in fes),
                                         b"".join(_svc_value(spec, fe.kind, svc_id, gen, tables) for fe in fes),
