@@ -26,8 +26,9 @@ from .informer import DELETED, Informer, WatchTiming
 from .metrics import Metrics
 from .conntrack import clean_stale_udp_flows, serving_by_frontend
 from .socks import UdpSocketReaper
-from .model import Desired, EndpointSlice, NodeContext, Service, service_entries
-from .node import decode_node, masquerade_port_range, nodeport_addresses
+from .model import IPV4, IPV6, Desired, EndpointSlice, NodeContext, Service, family_of, service_entries
+from .node import (NodePortSelection, decode_node, interface_addresses, masquerade_port_range,
+                   nodeport_selection, select_nodeport_addresses)
 from .programmer import ApplyResult, Programmer
 from .runner import BoundedFrequencyRunner
 
@@ -49,8 +50,9 @@ class ControllerConfig:
     cluster_cidrs: tuple[str, ...] = ()  # one per family: clients outside are masqueraded (--cluster-cidr)
     masquerade_address: str | None = None  # default: the Node's InternalIP (of each family)
     masquerade_all: bool = False     # masquerade every new flow to a cluster IP (--masquerade-all)
-    nodeport_addresses: tuple[str, ...] = ()  # CIDRs; empty: kube-proxy's "primary" (the InternalIPs)
-    netns: str | None = None         # where the node's interfaces are (for --nodeport-addresses CIDRs)
+    # kube-proxy's nodePortAddresses: keywords (primary, localhost, all) and CIDRs; () is primary
+    nodeport_addresses: tuple[str, ...] = ()
+    netns: str | None = None         # where the node's interfaces are (NodePort addresses are theirs)
     healthcheck_servers: bool = True  # serve healthCheckNodePorts
     retry_initial: float = 1.0       # first retry after a failed sync (then doubling)
     detect_local_node_cidr: bool = False  # pods = the Node's podCIDRs, not cluster_cidrs (NodeCIDR mode)
@@ -87,9 +89,11 @@ class Controller:
         self._triggers: dict[str, float] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._node_ip: str | None = None       # primary IPv4 InternalIP
-        self._node_ip6: str | None = None      # primary IPv6 InternalIP
+        self._node_ip: str | None = None       # node IP of IPv4 (GetNodeHostIPs)
+        self._node_ip6: str | None = None      # node IP of IPv6
         self._node_ips: tuple[str, ...] = ()
+        self._nodeport_selection: dict[int, NodePortSelection] = {}
+        self._addresses_read = 0.0             # when the interfaces' addresses were last read
         self._node_zone: str | None = None
         self._node_pod_cidrs: tuple[str, ...] = ()
         self._node_ctx: NodeContext | None = None
@@ -134,16 +138,18 @@ class Controller:
 
         core, disc = k8s.CoreV1Api(api_client), k8s.DiscoveryV1Api(api_client)
         restart = lambda res, reason: self.metrics.watch_restarts.labels(res, reason).inc()  # noqa: E731
+        failed = lambda res, key, exc: self.metrics.handler_errors.labels(res).inc()  # noqa: E731
         timing = self.config.timing
         return [
             Informer("services", core.list_service_for_all_namespaces, self.on_service,
-                     {"label_selector": PROXY_SELECTOR}, timing, restart),
+                     {"label_selector": PROXY_SELECTOR}, timing, restart, on_handler_error=failed),
             Informer("endpointslices", disc.list_endpoint_slice_for_all_namespaces, self.on_slice,
-                     {"label_selector": PROXY_SELECTOR}, timing, restart),
+                     {"label_selector": PROXY_SELECTOR}, timing, restart, on_handler_error=failed),
             Informer("nodes", core.list_node, self._on_node,
-                     {"field_selector": f"metadata.name={self.config.node_name}"}, timing, restart),
+                     {"field_selector": f"metadata.name={self.config.node_name}"}, timing, restart,
+                     on_handler_error=failed),
             Informer("servicecidrs", k8s.NetworkingV1Api(api_client).list_service_cidr, self.on_service_cidr,
-                     {}, timing, restart),
+                     {}, timing, restart, on_handler_error=failed),
         ]
 
     # --- change tracking (informer threads) ------------------------------------------------
@@ -208,7 +214,7 @@ class Controller:
                 if cidr_changed and self.config.detect_local_node_cidr:
                     self._queued()  # the datapath config follows in the next sync
                 return
-            log.info("node %s: InternalIPs %s, zone %s", node.name, ", ".join(node.ips) or "(none)", node.zone)
+            log.info("node %s: node IPs %s, zone %s", node.name, ", ".join(node.ips) or "(none)", node.zone)
             self._node_ips, self._node_zone = node.ips, node.zone
             self._node_ip, self._node_ip6 = node.first_ip(4), node.first_ip(6)
             self._node_dirty = True  # NodePort addresses and topology: every service again
@@ -230,17 +236,30 @@ class Controller:
         return self.metrics.ready.is_set() and self.health.healthy
 
     def node_context(self) -> NodeContext:
-        """This node as the service model needs it (NodePort addresses resolved)."""
-        if self.config.nodeport_addresses:
-            try:
-                addrs = nodeport_addresses(self.config.nodeport_addresses, self.config.netns)
-            except KxlbError as exc:
-                log.error("--nodeport-addresses: %s; NodePorts are not served", exc)
-                addrs = ()
-        else:
-            addrs = self._node_ips
+        """This node as the service model needs it: NodePort addresses are the addresses
+        of the node's interfaces that nodePortAddresses selects (kube-proxy's GetNodeIPs),
+        read now."""
+        self._nodeport_selection = nodeport_selection(self.config.nodeport_addresses, self._node_ips)
+        self._addresses_read = time.monotonic()
+        try:
+            addrs = select_nodeport_addresses(self._nodeport_selection, interface_addresses(self.config.netns))
+        except (OSError, KxlbError) as exc:
+            log.error("nodePortAddresses: cannot read the node's addresses: %s; NodePorts are not served", exc)
+            addrs = ()
         return NodeContext(name=self.config.node_name, zone=self._node_zone, nodeport_addresses=addrs,
                            ip=self._node_ip, ip6=self._node_ip6)
+
+    def _addresses_changed(self) -> bool:
+        """The node's addresses are read again once a reconcile period (kube-proxy reads
+        them every sync): an address added to or removed from an interface moves the
+        NodePorts with it (a full sync)."""
+        if self._node_ctx is None or time.monotonic() - self._addresses_read < self.config.reconcile_period:
+            return False
+        now = self.node_context()
+        if now == self._node_ctx:
+            return False
+        log.info("node addresses changed: NodePorts now on %s", ", ".join(now.nodeport_addresses) or "(none)")
+        return True
 
     def _skip(self, exc: DecodeError, obj: dict) -> None:
         log.error("skipping %s", exc)
@@ -318,6 +337,9 @@ class Controller:
         with self._lock:
             if self._node_dirty:
                 full, self._node_dirty = True, False
+        if not full and self._addresses_changed():
+            full = True
+        with self._lock:
             ids = (set(self.services) | set(self.fragments)) if full else self._dirty
             self._dirty = set()
             self._slice_changes = 0
@@ -421,8 +443,11 @@ class Controller:
         for policy in ("internal", "external"):
             self.metrics.no_local_endpoints.labels(policy).set(self._no_local[policy])
         if self.healthchecks is not None:
-            self.healthchecks.sync(dict(self._health_checks),
-                                   node.nodeport_addresses if self.config.nodeport_addresses else ())
+            # kube-proxy's per-family health servers: every address of a family its
+            # nodePortAddresses match all of, else the family's NodePort addresses
+            listen = {fam: None if sel.match_all else tuple(a for a in node.nodeport_addresses if family_of(a) == fam)
+                      for fam, sel in ((IPV4, self._nodeport_selection[4]), (IPV6, self._nodeport_selection[6]))}
+            self.healthchecks.sync(dict(self._health_checks), listen)
 
     def _apply_config(self) -> None:
         with self._lock:

@@ -23,65 +23,78 @@ from .httpserve import Server
 log = logging.getLogger("kxlb.healthcheck")
 
 
+Key = tuple[str, str]   # ("ns/name", family): the model's Desired.health_checks keys
+WILDCARD = {"IPv4": "0.0.0.0", "IPv6": "::"}
+
+
 class HealthCheckServers:
-    """One HTTP server per (service, healthCheckNodePort), on each listen address."""
+    """kube-proxy's service health servers, one set per IP family
+    (pkg/proxy/healthcheck/service_health.go, one per proxier): for each (Service,
+    family), the Service's healthCheckNodePort on that family's NodePort addresses, or on
+    every address of the family when its nodePortAddresses match all, answering with the
+    family's local endpoints. A probe over IPv6 is told about IPv6 endpoints; a family
+    whose port cannot be bound leaves the other family's listening."""
 
     def __init__(self, proxy_healthy: Callable[[], bool], netns: str | None = None,
                  on_error: Callable[[str, int, OSError], None] | None = None):
         self.proxy_healthy, self.netns = proxy_healthy, netns
         self.on_error = on_error
         self._lock = threading.Lock()
-        self._servers: dict[str, tuple[int, list[Server]]] = {}
-        self._counts: dict[str, int] = {}
+        self._servers: dict[Key, tuple[int, tuple[str, ...], list[Server]]] = {}
+        self._counts: dict[Key, int] = {}
 
-    def local_endpoints(self, service: str) -> int | None:
+    def local_endpoints(self, key: Key) -> int | None:
         with self._lock:
-            return self._counts.get(service)
+            return self._counts.get(key)
 
-    def _answer(self, service: str, path: str) -> tuple[int, dict[str, str], bytes]:
+    def _answer(self, key: Key, path: str) -> tuple[int, dict[str, str], bytes]:
         """Any path, as kube-proxy's handler. A service whose server is being closed
         counts no local endpoint."""
-        count = self.local_endpoints(service) or 0
+        count = self.local_endpoints(key) or 0
         healthy = self.proxy_healthy()
-        ns, _, name = service.partition("/")
+        ns, _, name = key[0].partition("/")
         body = json.dumps({"service": {"namespace": ns, "name": name}, "localEndpoints": count,
                            "serviceProxyHealthy": healthy}, indent="\t").encode()
         return 200 if count and healthy else 503, {**JSON, "X-Load-Balancing-Endpoint-Weight": str(count)}, body
 
-    def sync(self, wanted: dict[str, tuple[int, int]], addresses: tuple[str, ...]) -> None:
-        """``wanted``: "ns/name" -> (port, local ready endpoints). Opens, closes and
-        updates servers; a port that cannot be bound is reported and retried next sync."""
-        listen = addresses or ("0.0.0.0",)  # every address, both families (httpserve)
+    def sync(self, wanted: dict[Key, tuple[int, int]], listen: dict[str, tuple[str, ...] | None]) -> None:
+        """``wanted``: (service, family) -> (port, local ready endpoints of the family);
+        ``listen``: family -> its addresses, None for every address of the family.
+        Opens, closes and updates servers; a port that cannot be bound is reported and
+        retried next sync."""
+        hosts = {key: (WILDCARD[key[1]],) if listen.get(key[1], ()) is None else listen.get(key[1], ())
+                 for key in wanted}
         with self._lock:
-            self._counts = {svc: n for svc, (_, n) in wanted.items()}
-            stale = [svc for svc, (port, _) in self._servers.items() if wanted.get(svc, (None,))[0] != port]
-        for svc in stale:
-            port, servers = self._servers.pop(svc)
-            log.info("closing health check of %s on port %d", svc, port)
+            self._counts = {key: n for key, (_, n) in wanted.items()}
+            stale = [key for key, (port, addrs, _) in self._servers.items()
+                     if key not in wanted or (wanted[key][0], hosts[key]) != (port, addrs)]
+        for key in stale:
+            port, _, servers = self._servers.pop(key)
+            log.info("closing %s health check of %s on port %d", key[1], key[0], port)
             for s in servers:
                 s.close()
-        for svc, (port, _) in wanted.items():
-            if svc in self._servers:
+        for key, (port, _) in wanted.items():
+            if key in self._servers or not hosts[key]:  # no address of the family selected
                 continue
             servers = []
             try:
-                for addr in listen:  # each address a listener of its own family
+                for addr in hosts[key]:
                     with enter_netns(self.netns):  # the socket stays in the node's namespace
-                        servers.append(Server(addr, port, lambda path, svc=svc: self._answer(svc, path),
-                                              name=f"health check {svc}"))
+                        servers.append(Server(addr, port, lambda path, key=key: self._answer(key, path),
+                                              name=f"health check {key[0]} {key[1]}", family_only=True))
             except OSError as exc:
                 for s in servers:
                     s.close()
-                log.error("health check of %s: cannot listen on port %d: %s", svc, port, exc)
+                log.error("%s health check of %s: cannot listen on port %d: %s", key[1], key[0], port, exc)
                 if self.on_error:
-                    self.on_error(svc, port, exc)
+                    self.on_error(key[0], port, exc)
                 continue
-            log.info("health check of %s on port %d (%s)", svc, port, ", ".join(listen))
-            self._servers[svc] = (port, servers)
+            log.info("%s health check of %s on port %d (%s)", key[1], key[0], port, ", ".join(hosts[key]))
+            self._servers[key] = (port, hosts[key], servers)
 
     def close(self) -> None:
-        self.sync({}, ())
+        self.sync({}, {})
 
     @property
-    def ports(self) -> dict[str, int]:
-        return {svc: port for svc, (port, _) in self._servers.items()}
+    def ports(self) -> dict[Key, int]:
+        return {key: port for key, (port, _, _) in self._servers.items()}

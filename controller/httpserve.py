@@ -63,14 +63,17 @@ TEXT = {"Content-Type": "text/plain; charset=utf-8", "X-Content-Type-Options": "
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 
 
-def listen_socket(host: str, port: int) -> socket.socket:
+def listen_socket(host: str, port: int, family_only: bool = False) -> socket.socket:
     """A listening TCP socket on ``host`` (an IP address) and ``port``, in the calling
     thread's network namespace. A wildcard host ("", 0.0.0.0 or ::) is every address of
     both families, [::] with IPV6_V6ONLY off, as Go's net.Listen("tcp", "0.0.0.0:10256")
-    in kube-proxy; IPv4 alone where the kernel has no IPv6."""
+    in kube-proxy; IPv4 alone where the kernel has no IPv6. ``family_only``: the wildcard
+    of the host's own family alone (Go's "tcp4"/"tcp6", as kube-proxy's per-family
+    health check servers listen)."""
     ip = ipaddress.ip_address(host or "::")
-    if not ip.is_unspecified:
-        return _listening(socket.AF_INET6 if ip.version == 6 else socket.AF_INET, str(ip), port)
+    if not ip.is_unspecified or family_only:
+        return _listening(socket.AF_INET6 if ip.version == 6 else socket.AF_INET, str(ip), port,
+                          v6only=ip.version == 6)
     try:
         return _listening(socket.AF_INET6, "::", port, dual_stack=True)
     except OSError as exc:
@@ -79,12 +82,12 @@ def listen_socket(host: str, port: int) -> socket.socket:
         return _listening(socket.AF_INET, "0.0.0.0", port)
 
 
-def _listening(family: int, host: str, port: int, dual_stack: bool = False) -> socket.socket:
+def _listening(family: int, host: str, port: int, dual_stack: bool = False, v6only: bool = False) -> socket.socket:
     s = socket.socket(family, socket.SOCK_STREAM)
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart rebinds past TIME_WAIT
-        if dual_stack:
-            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # whatever net.ipv6.bindv6only says
+        if dual_stack or v6only:  # whatever net.ipv6.bindv6only says
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, int(v6only))
         s.bind((host, port))
         s.listen(BACKLOG)
         s.setblocking(False)
@@ -97,9 +100,9 @@ def _listening(family: int, host: str, port: int, dual_stack: bool = False) -> s
 class Server:
     """One listener, served by the process's loop thread until close()."""
 
-    def __init__(self, host: str, port: int, handler: Handler, name: str = "http"):
+    def __init__(self, host: str, port: int, handler: Handler, name: str = "http", family_only: bool = False):
         self.handler, self.name = handler, name
-        self.sock = listen_socket(host, port)  # here: the caller may be inside a netns
+        self.sock = listen_socket(host, port, family_only)  # here: the caller may be inside a netns
         self.address: tuple[str, int] = self.sock.getsockname()[:2]
         loop = _loop()
         loop.call(lambda: loop.add(self))

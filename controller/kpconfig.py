@@ -82,12 +82,21 @@ def parse(doc: dict) -> FileSettings:
     s.metrics_bind_address = _bind(doc.get("metricsBindAddress"), 10249)
     s.healthz_bind_address = _bind(doc.get("healthzBindAddress"), 10256)
     s.cluster_cidr = doc.get("clusterCIDR") or None
-    s.nodeport_addresses = doc.get("nodePortAddresses") or None
     mode = doc.get("mode") or ""
     if mode not in ("", "iptables", "nftables", "ipvs"):
         raise KxlbError(f"--config: mode {mode!r}: kxlb replaces kube-proxy's Linux backends only")
     if mode:
         log.info("--config: mode %s: kxlb's eBPF datapath serves instead", mode)
+    s.nodeport_addresses = doc.get("nodePortAddresses") or None
+    if s.nodeport_addresses is None and mode != "nftables":
+        # What the kube-proxy being replaced did with the field unset: NodePorts on every
+        # local address, and (iptables, localhostNodePorts defaulting to true) on
+        # 127.0.0.0/8; nftables mode defaults to primary, as kxlb does.
+        localhost = mode != "ipvs" and (doc.get("iptables") or {}).get("localhostNodePorts") is not False
+        s.nodeport_addresses = ["all"] + (["127.0.0.0/8"] if localhost else [])
+        log.info("--config: nodePortAddresses unset in mode %s: NodePorts on every local address%s, as kube-proxy "
+                 "(set nodePortAddresses: [primary] for the node IPs only)", mode or "iptables (unset)",
+                 " and 127.0.0.0/8" if localhost else "")
     # kube-proxy's conversion: the sync settings of the backend the mode selects (iptables
     # when unset); masqueradeAll from nftables in nftables mode, else from iptables.
     section = {"nftables": "nftables", "ipvs": "ipvs"}.get(mode, "iptables")

@@ -44,34 +44,6 @@ def setup_logging(level: str, fmt: str) -> None:
     logging.getLogger("urllib3").setLevel(logging.WARNING)
 
 
-class EventRecorder:
-    """Kubernetes Events about objects we had to skip; at most one per object version."""
-
-    def __init__(self, api_client, node_name: str):
-        from kubernetes import client as k8s
-
-        self.core, self.node = k8s.CoreV1Api(api_client), node_name
-        self._seen: set[tuple] = set()
-
-    def warn(self, kind: str, obj: dict, reason: str, message: str) -> None:
-        md = obj.get("metadata") or {}
-        ident = (kind, md.get("namespace"), md.get("name"), md.get("resourceVersion"))
-        if ident in self._seen:
-            return
-        self._seen.add(ident)
-        now = dt.datetime.now(dt.timezone.utc)
-        body = {"metadata": {"generateName": f"{md.get('name', 'object')}.", "namespace": md.get("namespace") or "default"},
-                "involvedObject": {"kind": kind, "namespace": md.get("namespace"), "name": md.get("name"),
-                                   "uid": md.get("uid"), "resourceVersion": md.get("resourceVersion")},
-                "reason": reason, "message": message[:1000], "type": "Warning",
-                "source": {"component": "kxlb", "host": self.node},
-                "firstTimestamp": now.isoformat(), "lastTimestamp": now.isoformat(), "count": 1}
-        try:
-            self.core.create_namespaced_event(body["metadata"]["namespace"], body)
-        except Exception as exc:  # events are best effort
-            log.debug("event not recorded: %s", exc)
-
-
 def api_client(kubeconfig: str | None):
     from kubernetes import client as k8s, config
 
@@ -113,9 +85,10 @@ def resolve(a) -> None:
 def run(a) -> None:
     from .attacher import InterfaceAttacher
     from .controller import Controller, ControllerConfig
+    from .events import EventRecorder
     from .health import ProxyHealth, serve_health
     from .metrics import Metrics, serve
-    from .node import one_cidr_per_family, parse_nodeport_cidrs, parse_port_range
+    from .node import one_cidr_per_family, parse_nodeport_addresses, parse_port_range
 
     setup_logging(a.log_level, a.log_format)
     if a.cleanup:
@@ -172,7 +145,7 @@ def run(a) -> None:
                                                                                       "--cluster-cidr"),
                                                     masquerade_address=a.masquerade_address,
                                                     masquerade_all=a.masquerade_all,
-                                                    nodeport_addresses=parse_nodeport_cidrs(a.nodeport_addresses),
+                                                    nodeport_addresses=parse_nodeport_addresses(a.nodeport_addresses),
                                                     netns=a.netns, maglev_table_size=a.maglev_table_size,
                                                     node_port_range=parse_port_range(
                                                         a.service_node_port_range, "--service-node-port-range"),
@@ -345,9 +318,14 @@ def register(sub) -> None:
     p.add_argument("--detect-local-mode", dest="detect_local", choices=("ClusterCIDR", "NodeCIDR"),
                    help="how pod traffic is told from outside traffic: --cluster-cidr (default) or the "
                         "Node's spec.podCIDR (kube-proxy's flag)")
-    p.add_argument("--nodeport-addresses", action="append", metavar="primary|CIDR[,CIDR...]",
-                   help="where NodePorts are served: 'primary' (default: the Node's InternalIPs) or the "
-                        "node's interface addresses inside these CIDRs (kube-proxy's flag); repeatable")
+    p.add_argument("--nodeport-addresses", action="append", metavar="primary|localhost|all|CIDR[,...]",
+                   help="where NodePorts (and health check node ports) are served, as kube-proxy's flag: the "
+                        "node's interface addresses inside these CIDRs; 'primary' is the Node's node IP of each "
+                        "family (its first InternalIP, else ExternalIP), 'localhost' loopback (reached by the "
+                        "node's own processes), 'all' every address; a family without a CIDR is served on every "
+                        "address of it. Repeatable, mixed. Default: primary; with a --config of mode iptables, "
+                        "ipvs or unset, what that kube-proxy did: all, and 127.0.0.0/8 unless "
+                        "iptables.localhostNodePorts is false")
     p.add_argument("--maglev-table-size", type=int, default=DEFAULT_TABLE_SIZE, metavar="M",
                    help=f"entries of the Maglev lookup table of the largest backend sets (a prime above the "
                         f"largest set, at most 65521; smaller sets get 251 or 1021: docs/datapath.md; default "

@@ -109,8 +109,9 @@ class Desired:
     services: dict[ServiceKey, LbService] = field(default_factory=dict)   # by LbService.key
     owners: dict[ServiceKey, str] = field(default_factory=dict)   # key -> "ns/name:port"
     skipped: list[str] = field(default_factory=list)              # human-readable reasons
-    # "ns/name" -> (healthCheckNodePort, unique local ready endpoint IPs)
-    health_checks: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # ("ns/name", family) -> (healthCheckNodePort, unique local ready endpoint IPs of the
+    # family): kube-proxy's proxier of each family has its own health check servers
+    health_checks: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     # service ports whose Local policy has no local endpoint while others exist
     # (kube-proxy's sync_proxy_rules_no_local_endpoints_total{traffic_policy})
     no_local: dict[str, int] = field(default_factory=_no_local)
@@ -387,11 +388,11 @@ def _family_entries(svc: Service, family: str, vip: str, slices: list[EndpointSl
             out.udp_serving[key] = frozenset(b for b, ep in eps if ep.serving)
 
     # NeedsHealthCheck: LoadBalancer with eTP Local, served when the port was allocated.
-    # One server per Service (on the node's healthCheckNodePort), reporting the primary
-    # family's local endpoints: a dual-stack pod has one address of each.
-    if (first and svc.type == "LoadBalancer" and external_policy_local and svc.health_check_node_port
-            and svc.ports):
-        out.health_checks[sid] = (svc.health_check_node_port, _local_ready_ips(slices, node.name, family))
+    # A server per family of the Service (kube-proxy's proxier of each family serves the
+    # healthCheckNodePort on its family's addresses), each counting its family's local
+    # endpoints: a load balancer probing over IPv6 learns what IPv6 traffic will find.
+    if svc.type == "LoadBalancer" and external_policy_local and svc.health_check_node_port and svc.ports:
+        out.health_checks[(sid, family)] = (svc.health_check_node_port, _local_ready_ips(slices, node.name, family))
 
 
 def desired_state(services: dict[str, Service], slices: dict[str, EndpointSlice], node: NodeContext) -> Desired:

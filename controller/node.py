@@ -1,6 +1,6 @@
-"""This node, as the service model needs it: its InternalIPs (kube-proxy's "primary" node
-addresses, where NodePorts listen by default), its zone (topology hints), and the
-addresses of its interfaces that --nodeport-addresses CIDRs select."""
+"""This node, as the service model needs it: its node IPs (kube-proxy's GetNodeHostIPs:
+the first InternalIP, else ExternalIP, of each family), its zone (topology hints), and
+the addresses of its interfaces that --nodeport-addresses selects."""
 from __future__ import annotations
 
 import ipaddress
@@ -16,28 +16,37 @@ ZONE_LABEL = "topology.kubernetes.io/zone"
 @dataclass(frozen=True)
 class NodeInfo:
     name: str
-    ips: tuple[str, ...]       # InternalIPs of both families, in the Node's order
+    ips: tuple[str, ...]       # node IPs: the primary one, then the other family's (GetNodeHostIPs)
     zone: str | None
     pod_cidrs: tuple[str, ...] = ()  # spec.podCIDRs, one per family (detect-local NodeCIDR)
 
     def first_ip(self, version: int) -> str | None:
-        """The primary InternalIP of a family (kube-proxy's node IP of that proxier)."""
+        """The node IP of a family (kube-proxy's node IP of that family's proxier)."""
         return next((a for a in self.ips if (":" in a) == (version == 6)), None)
 
 
-def decode_node(obj: dict) -> NodeInfo:
-    md = obj.get("metadata") or {}
-    name = md.get("name") or ""
-    ips = []
+def _addresses(obj: dict, name: str, kind: str) -> list[str]:
+    out = []
     for i, a in enumerate((obj.get("status") or {}).get("addresses") or ()):
-        if a.get("type") != "InternalIP":
+        if a.get("type") != kind:
             continue
         addr = a.get("address")
         addr = canonical_ip6(addr) if isinstance(addr, str) and ":" in addr else addr
         if not is_ip(addr):
             raise DecodeError("Node", name, f"status.addresses[{i}].address", f"{a.get('address')!r} "
                               "is not an IP address")
-        ips.append(addr)
+        out.append(addr)
+    return out
+
+
+def decode_node(obj: dict) -> NodeInfo:
+    md = obj.get("metadata") or {}
+    name = md.get("name") or ""
+    # GetNodeHostIPs: InternalIPs before ExternalIPs; the first is the primary node IP,
+    # then the first of the other family. A node with only ExternalIPs still has node IPs
+    # (NodePorts under "primary", the masquerade address).
+    every = _addresses(obj, name, "InternalIP") + _addresses(obj, name, "ExternalIP")
+    ips = every[:1] + [a for a in every[1:] if (":" in a) != (":" in every[0])][:1]
     spec = obj.get("spec") or {}
     cidrs = spec.get("podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else [])
     pod_cidrs = []
@@ -73,35 +82,83 @@ def one_cidr_per_family(text: str | None, flag: str) -> tuple[str, ...]:
     return tuple(cidrs)
 
 
-def parse_nodeport_cidrs(values: list[str]) -> tuple[str, ...]:
-    """--nodeport-addresses: "primary" (the default) or CIDRs of either family. Returns
-    the CIDRs; () for primary."""
-    items = [v.strip() for raw in values for v in raw.split(",") if v.strip()]
-    if not items or items == ["primary"]:
-        return ()
-    if "primary" in items:
-        raise KxlbError("--nodeport-addresses: 'primary' cannot be combined with CIDRs")
-    return tuple(parse_cidrs(items, "--nodeport-addresses"))
+PRIMARY, LOCALHOST, ALL = "primary", "localhost", "all"   # kube-proxy's nodePortAddresses keywords
 
 
-def nodeport_addresses(cidrs: tuple[str, ...], netns: str | None) -> tuple[str, ...]:
-    """The addresses (both families) of the node's interfaces (in ``netns``) inside
-    ``cidrs``, as kube-proxy's --nodeport-addresses selects them."""
+def parse_nodeport_addresses(values: list[str]) -> tuple[str, ...]:
+    """--nodeport-addresses / nodePortAddresses as kube-proxy takes them: the keywords
+    primary, localhost and all, and CIDRs of either family, mixed (comma-separated and/or
+    repeated). Normalised, in order, without repeats; () when not set."""
+    out: list[str] = []
+    for v in (v.strip() for raw in values for v in raw.split(",") if v.strip()):
+        out.extend([v] if v in (PRIMARY, LOCALHOST, ALL) else parse_cidrs([v], "--nodeport-addresses"))
+    return tuple(dict.fromkeys(out))
+
+
+@dataclass(frozen=True)
+class NodePortSelection:
+    """What one family's NodePorts listen on (kube-proxy's NodePortAddresses of a family)."""
+
+    version: int
+    nets: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+    match_all: bool            # a zero CIDR: every address of the node (of this family)
+    explicit_loopback: bool    # a CIDR aimed at loopback: localhost NodePorts asked for
+
+    def picks(self, addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+        if addr.version != self.version or not any(addr in n for n in self.nets):
+            return False
+        # Loopback NodePorts only when a CIDR targets loopback ("localhost", 127.0.0.0/8):
+        # nftables-mode kube-proxy never serves them otherwise (kxlb: the node's own
+        # processes reach them through the socket hooks).
+        return self.explicit_loopback or not addr.is_loopback
+
+
+def nodeport_selection(items: tuple[str, ...], node_ips: tuple[str, ...]) -> dict[int, NodePortSelection]:
+    """kube-proxy's expandNodePortAddressKeywords then NewNodePortAddresses, per family:
+    primary is each family's node IP (a /32 or /128), localhost the loopback CIDRs, all
+    the zero CIDRs; a family with no CIDR left gets its zero CIDR (every address), as
+    kube-proxy does (a dual-stack node given only IPv4 CIDRs serves IPv6 NodePorts on
+    every IPv6 address). () is "primary"."""
+    nets = []
+    for item in items or (PRIMARY,):
+        if item == PRIMARY:
+            nets += [ipaddress.ip_network(ip) for ip in node_ips if not ipaddress.ip_address(ip).is_loopback]
+        elif item == LOCALHOST:
+            nets += [ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128")]
+        elif item == ALL:
+            nets += [ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")]
+        else:
+            nets.append(ipaddress.ip_network(item))
+    out = {}
+    for version in (4, 6):
+        mine = [n for n in nets if n.version == version] or [ipaddress.ip_network("0.0.0.0/0" if version == 4
+                                                                                  else "::/0")]
+        out[version] = NodePortSelection(
+            version, tuple(mine), match_all=any(n.prefixlen == 0 for n in mine),
+            explicit_loopback=any(n.network_address.is_loopback for n in mine))
+    return out
+
+
+def select_nodeport_addresses(selection: dict[int, NodePortSelection], local: list[str]) -> tuple[str, ...]:
+    """The node's interface addresses (``local``) where NodePorts listen, both families,
+    IPv4 first, canonical and sorted."""
+    found = {ipaddress.ip_address(a) for a in local if a}
+    picked = sorted((a for a in found if selection[a.version].picks(a)), key=lambda a: (a.version, a.packed))
+    return tuple(str(a) if a.version == 4 else canonical_ip6(str(a)) for a in picked)
+
+
+def interface_addresses(netns: str | None) -> list[str]:
+    """Every address of the node's interfaces (in ``netns``)."""
     from pyroute2 import IPRoute
 
     from kxlb.loader.netns import netns as enter
 
-    nets = [ipaddress.ip_network(c) for c in cidrs]
     with enter(netns):
         ipr = IPRoute()
     try:
-        addrs = [a.get_attr("IFA_ADDRESS") for a in ipr.get_addr()]
+        return [a.get_attr("IFA_ADDRESS") for a in ipr.get_addr()]
     finally:
         ipr.close()
-    found = {ipaddress.ip_address(a) for a in addrs if a}
-    return tuple(str(a) if a.version == 4 else canonical_ip6(str(a))
-                 for a in sorted((a for a in found if any(a.version == n.version and a in n for n in nets)),
-                                 key=lambda a: (a.version, a.packed)))
 
 
 MIN_SRC_PORTS = 1024  # fewer free ports than this and masqueraded flows would queue up

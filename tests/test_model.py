@@ -377,8 +377,8 @@ def test_health_check_counts_unique_local_ready_ips_over_all_ports():
                   ports=(("http", 8080, "TCP"), ("https", 8443, "TCP"))),
               eps("b", endpoints=[ep("10.0.0.5", READY, node="node-a")], ports=(("metrics", 9090, "TCP"),))]
     # 10.0.0.1 counts once for its two ports; a slice port the Service lacks still counts
-    assert desired([s], slices).health_checks == {"default/web": (32000, 2)}
-    assert desired([s], []).health_checks == {"default/web": (32000, 0)}
+    assert desired([s], slices).health_checks == {("default/web", "IPv4"): (32000, 2)}
+    assert desired([s], []).health_checks == {("default/web", "IPv4"): (32000, 0)}
 
 
 def test_health_check_only_for_load_balancers_with_external_policy_local_and_a_port():
@@ -387,4 +387,46 @@ def test_health_check_only_for_load_balancers_with_external_policy_local_and_a_p
     assert desired([svc(type_="LoadBalancer", externalTrafficPolicy="Cluster", healthCheckNodePort=32000)],
                    []).health_checks == {}
     assert desired([svc(type_="LoadBalancer", externalTrafficPolicy="Local")], []).health_checks == {}
-    assert desired([svc(type_="LoadBalancer", **hc)], []).health_checks == {"default/web": (32000, 0)}
+    assert desired([svc(type_="LoadBalancer", **hc)], []).health_checks == {("default/web", "IPv4"): (32000, 0)}
+
+
+# --- NodePort addresses (kube-proxy's nodePortAddresses) ------------------------------
+
+LOCAL_ADDRS = ["127.0.0.1", "192.168.0.10", "192.168.0.11", "10.1.0.10", "::1", "fd00:192::10", "fd00:192::11",
+               "fe80::1"]
+
+
+def nodeports(items, node_ips=("192.168.0.11", "fd00:192::10")):
+    from kxlb.controller.node import nodeport_selection, select_nodeport_addresses
+    return select_nodeport_addresses(nodeport_selection(items, node_ips), LOCAL_ADDRS)
+
+
+def test_primary_nodeports_are_the_node_ip_of_each_family_not_every_internal_ip():
+    assert nodeports(()) == nodeports(("primary",)) == ("192.168.0.11", "fd00:192::10")
+    # a node IP no interface holds serves nothing (kube-proxy's GetNodeIPs reads interfaces)
+    assert nodeports(("primary",), ("192.168.0.99", "fd00:192::10")) == ("fd00:192::10",)
+
+
+def test_a_family_without_cidrs_is_served_on_every_address_of_it_loopback_only_when_asked():
+    # kube-proxy's NewNodePortAddresses: no IPv6 CIDR given, ::/0 (not ::1: loopback NodePorts
+    # only when a CIDR aims at loopback)
+    assert nodeports(("192.168.0.0/24",)) == ("192.168.0.10", "192.168.0.11", "fd00:192::10", "fd00:192::11",
+                                              "fe80::1")
+    assert nodeports(("primary",), ("192.168.0.11",)) == ("192.168.0.11", "fd00:192::10", "fd00:192::11", "fe80::1")
+    assert nodeports(("all",)) == ("10.1.0.10", "192.168.0.10", "192.168.0.11", "fd00:192::10", "fd00:192::11",
+                                   "fe80::1")
+    assert nodeports(("all", "127.0.0.0/8")) == ("10.1.0.10", "127.0.0.1", "192.168.0.10", "192.168.0.11",
+                                                 "fd00:192::10", "fd00:192::11", "fe80::1")
+    assert nodeports(("localhost",)) == ("127.0.0.1", "::1")
+    assert nodeports(("primary", "10.0.0.0/8", "fd00:192::11/128")) == ("10.1.0.10", "192.168.0.11", "fd00:192::10",
+                                                                       "fd00:192::11")
+
+
+def test_health_checks_are_per_family_with_that_familys_local_endpoints():
+    s = svc(type_="LoadBalancer", node_ports=(30080,), externalTrafficPolicy="Local", healthCheckNodePort=32000,
+            ips=("10.96.0.10", "fd00:96::10"))
+    slices = [eps("a", endpoints=[ep("10.0.0.1", READY, node="node-a"), ep("10.0.0.2", READY, node="node-a")]),
+              eps("b6", endpoints=[ep("fd00:10::1", READY, node="node-a"), ep("fd00:10::2", NOT_READY, node="node-a")],
+                  atype="IPv6")]
+    assert desired([s], slices, NODE_DUAL).health_checks == {("default/web", "IPv4"): (32000, 2),
+                                                              ("default/web", "IPv6"): (32000, 1)}

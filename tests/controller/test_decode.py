@@ -137,6 +137,23 @@ def test_a_dual_stack_node_gives_both_families_internal_ips_and_pod_cidrs():
         decode_node({"metadata": {"name": "n1"}, "status": {"addresses": [{"type": "InternalIP", "address": "fd00::g"}]}})
 
 
+def test_node_ips_are_kube_proxys_one_per_family_internal_before_external():
+    """GetNodeHostIPs: InternalIPs then ExternalIPs; the first is the primary node IP, the
+    first of the other family the second; a node without InternalIPs uses its ExternalIP."""
+    from kxlb.controller.node import decode_node
+
+    def ips(*addrs):
+        return decode_node({"metadata": {"name": "n1"}, "status": {"addresses": [
+            {"type": t, "address": a} for t, a in addrs]}}).ips
+    assert ips(("InternalIP", "10.0.0.1"), ("InternalIP", "10.0.0.2"), ("InternalIP", "fd00::1"),
+               ("InternalIP", "fd00::2")) == ("10.0.0.1", "fd00::1")
+    assert ips(("ExternalIP", "203.0.113.7"), ("InternalIP", "fd00::1")) == ("fd00::1", "203.0.113.7")
+    assert ips(("ExternalIP", "203.0.113.7"), ("Hostname", "n1")) == ("203.0.113.7",)
+    assert ips(("Hostname", "n1")) == ()
+    with pytest.raises(DecodeError, match=r"status.addresses\[1\].address"):
+        ips(("InternalIP", "10.0.0.1"), ("ExternalIP", "not-an-ip"))
+
+
 def test_ipv6_addresses_come_out_in_one_canonical_form():
     svc = decode_service({"metadata": {"namespace": "d", "name": "s"},
                           "spec": {"clusterIPs": ["FD00:96:0::10", "10.96.0.10"], "externalIPs": ["2001:DB8::1"],

@@ -72,9 +72,22 @@ def closed_after(socks: list[socket.socket], limit: float) -> list[float | None]
     return out
 
 
-def health_check_servers(port: int, addresses: tuple[str, ...], local_endpoints: int = 1) -> HealthCheckServers:
+V4, V6 = ("ns/web", "IPv4"), ("ns/web", "IPv6")
+
+
+def listen_on(addresses: tuple[str, ...] | None) -> dict[str, tuple[str, ...] | None]:
+    """Each family's listen addresses from a list of both (None: every address of each)."""
+    if addresses is None:
+        return {"IPv4": None, "IPv6": None}
+    return {"IPv4": tuple(a for a in addresses if ":" not in a), "IPv6": tuple(a for a in addresses if ":" in a)}
+
+
+def health_check_servers(port: int, addresses: tuple[str, ...] | None, local_endpoints: int = 1,
+                         local_endpoints6: int | None = None) -> HealthCheckServers:
+    """A dual-stack Service's health check servers (IPv4 and IPv6 counts)."""
     hcs = HealthCheckServers(lambda: True)
-    hcs.sync({"ns/web": (port, local_endpoints)}, addresses)
+    n6 = local_endpoints if local_endpoints6 is None else local_endpoints6
+    hcs.sync({V4: (port, local_endpoints), V6: (port, n6)}, listen_on(addresses))
     return hcs
 
 
@@ -222,13 +235,13 @@ def test_health_check_servers_listen_on_each_address_of_both_families():
     port = free_port()
     hcs = health_check_servers(port, ("127.0.0.1", "::1"), local_endpoints=2)
     try:
-        assert hcs.ports == {"ns/web": port}
+        assert hcs.ports == {V4: port, V6: port}
         for host in ("127.0.0.1", "::1"):
             status, headers, body = request(host, port, "/")
             assert (status, headers["X-Load-Balancing-Endpoint-Weight"], json.loads(body)) == \
                 (200, "2", {"service": {"namespace": "ns", "name": "web"}, "localEndpoints": 2,
                             "serviceProxyHealthy": True})
-        hcs.sync({"ns/web": (port, 0)}, ("127.0.0.1", "::1"))
+        hcs.sync({V4: (port, 0), V6: (port, 0)}, listen_on(("127.0.0.1", "::1")))
         assert request("::1", port, "/")[0] == 503
     finally:
         hcs.close()
@@ -237,10 +250,50 @@ def test_health_check_servers_listen_on_each_address_of_both_families():
             request(host, port, "/")
 
 
-@pytest.mark.parametrize("host", ["::", "0.0.0.0", "health check ports without addresses"])
+@pytest.mark.parametrize("addresses", [("127.0.0.1", "::1"), None], ids=["node addresses", "every address"])
+def test_each_family_answers_with_its_own_local_endpoints(addresses):
+    """kube-proxy's proxier of each family serves the port on its family's addresses and
+    counts its family's endpoints: a probe over IPv6 is told about IPv6 endpoints."""
+    port = free_port()
+    hcs = health_check_servers(port, addresses, local_endpoints=2, local_endpoints6=0)
+    try:
+        assert request("127.0.0.1", port, "/")[0] == 200
+        status, headers, body = request("::1", port, "/")
+        assert (status, headers["X-Load-Balancing-Endpoint-Weight"], json.loads(body)["localEndpoints"]) == \
+            (503, "0", 0)
+        # an IPv4-only Service: nothing listens on IPv6
+        hcs.sync({V4: (port, 2)}, listen_on(addresses))
+        assert hcs.ports == {V4: port}
+        assert request("127.0.0.1", port, "/")[0] == 200
+        with pytest.raises(ConnectionRefusedError):
+            request("::1", port, "/")
+    finally:
+        hcs.close()
+
+
+def test_a_family_whose_port_is_taken_leaves_the_other_family_listening():
+    port, failed = free_port(), []
+    taken = socket.socket(socket.AF_INET6)
+    taken.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    taken.bind(("::1", port))
+    taken.listen()
+    hcs = HealthCheckServers(lambda: True, on_error=lambda svc, p, exc: failed.append((svc, p)))
+    try:
+        hcs.sync({V4: (port, 1), V6: (port, 1)}, listen_on(("127.0.0.1", "::1")))
+        assert failed == [("ns/web", port)] and hcs.ports == {V4: port}
+        assert request("127.0.0.1", port, "/")[0] == 200
+        taken.close()
+        hcs.sync({V4: (port, 1), V6: (port, 1)}, listen_on(("127.0.0.1", "::1")))  # retried next sync
+        assert hcs.ports == {V4: port, V6: port} and request("::1", port, "/")[0] == 200
+    finally:
+        taken.close()
+        hcs.close()
+
+
+@pytest.mark.parametrize("host", ["::", "0.0.0.0", "health check ports on every address"])
 def test_a_wildcard_listener_serves_both_families_as_go_does(health, host):
     port = free_port()
-    srv = health_check_servers(port, ()) if host.startswith("health") else serve_health(health, host, port)
+    srv = health_check_servers(port, None) if host.startswith("health") else serve_health(health, host, port)
     try:
         for client in ("127.0.0.1", "::1"):
             assert request(client, port, "/livez")[0] == 200

@@ -144,7 +144,7 @@ def test_the_command_line_reports_a_bad_config_in_one_line(tmp_path):
 
 
 def test_cidr_flags_take_one_cidr_per_family_and_name_the_flag_on_errors():
-    from kxlb.controller.node import one_cidr_per_family, parse_nodeport_cidrs
+    from kxlb.controller.node import one_cidr_per_family, parse_nodeport_addresses
 
     assert one_cidr_per_family("10.244.0.0/16,fd00:10:244::/56", "--cluster-cidr") == \
         ("10.244.0.0/16", "fd00:10:244::/56")
@@ -154,11 +154,30 @@ def test_cidr_flags_take_one_cidr_per_family_and_name_the_flag_on_errors():
         one_cidr_per_family("ten", "--cluster-cidr")
     with pytest.raises(KxlbError, match="more than one IPv6 CIDR"):
         one_cidr_per_family("fd00::/48,fd01::/48", "--cluster-cidr")
-    assert parse_nodeport_cidrs([]) == () and parse_nodeport_cidrs(["primary"]) == ()
-    assert parse_nodeport_cidrs(["10.250.0.0/24,fd00::/64", "192.168.1.5/32"]) == \
+    assert parse_nodeport_addresses([]) == () and parse_nodeport_addresses(["primary"]) == ("primary",)
+    assert parse_nodeport_addresses(["10.250.0.0/24,fd00::/64", "192.168.1.5/32"]) == \
         ("10.250.0.0/24", "fd00::/64", "192.168.1.5/32")
-    with pytest.raises(KxlbError, match="'primary' cannot be combined"):
-        parse_nodeport_cidrs(["primary,10.0.0.0/8"])
+    # kube-proxy's keywords, mixed with CIDRs (today's kube-proxy takes them all)
+    assert parse_nodeport_addresses(["primary,10.0.0.1/8", "localhost", "all", "primary"]) == \
+        ("primary", "10.0.0.0/8", "localhost", "all")
+    with pytest.raises(KxlbError, match="--nodeport-addresses: 'everything' is not a CIDR"):
+        parse_nodeport_addresses(["primary,everything"])
+
+
+@pytest.mark.parametrize("mode,extra,want", [
+    ("", "", ["all", "127.0.0.0/8"]),
+    ("iptables", "iptables:\n  localhostNodePorts: false\n", ["all"]),
+    ("ipvs", "", ["all"]),
+    ("nftables", "", [])])
+def test_unset_node_port_addresses_are_what_the_replaced_kube_proxy_served(tmp_path, mode, extra, want):
+    """iptables mode with nodePortAddresses unset serves NodePorts on every local address
+    and 127.0.0.0/8 (localhostNodePorts); nftables mode defaults to primary, as kxlb."""
+    f = tmp_path / "config.conf"
+    f.write_text(f"apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+                 f"hostnameOverride: n\nmode: \"{mode}\"\n{extra}")
+    a = args("--config", str(f))
+    resolve(a)
+    assert a.nodeport_addresses == want
 
 
 def test_kxlb_conntrack_is_sized_as_kube_proxy_sizes_nf_conntrack_max(tmp_path):

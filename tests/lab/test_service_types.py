@@ -304,6 +304,37 @@ def test_a_dual_stack_service_answers_over_both_families_from_every_origin(with_
     eventually(from_node(lab.node(2).ip6, node_port), f"{proxy}: IPv6 NodePort of node 2 from node 1")
 
 
+@pytest.mark.parametrize("proxy", ["kube-proxy", "kxlb"])
+def test_a_dual_stack_load_balancers_health_check_answers_on_both_families(with_proxy, k8s, web, proxy):
+    """externalTrafficPolicy Local on a dual-stack LoadBalancer: a load balancer probing the
+    healthCheckNodePort over IPv6 gets the node's IPv6 local endpoints, as over IPv4
+    (kube-proxy runs the health server per family; kxlb once listened on IPv4 only)."""
+    lab = with_proxy(proxy)
+    svc = k8s.service("dual-lb", selector={"app": "web"}, ports=TCP_PORT, type="LoadBalancer",
+                      externalTrafficPolicy="Local", ipFamilyPolicy="RequireDualStack", ipFamilies=["IPv6", "IPv4"])
+    hcnp = svc["spec"]["healthCheckNodePort"]
+    pods = k8s.ready_pods("app=web", 2)
+    k8s.wait_endpoints("dual-lb", [p["status"]["podIP"] for p in pods] + [ip6_of(p) for p in pods])
+
+    def probe(addr: str, want: int):
+        def check():
+            try:
+                code, body = http_get(addr, hcnp, "/healthz", ns=lab.client_ns)
+            except OSError as exc:
+                return False, repr(exc)
+            doc = json.loads(body) if body.startswith("{") else {}
+            return (code, doc.get("localEndpoints"), doc.get("service")) == \
+                (200 if want else 503, want, {"namespace": k8s.name, "name": "dual-lb"}), (code, body)
+        return check
+    for n, want in ((1, 1), (2, 1)):
+        for addr in (lab.node(n).ip6, lab.node(n).ip):
+            eventually(probe(addr, want), f"{proxy}: health check of node {n} at {addr}: {want} local endpoint")
+    k8s.delete_pod("local", grace=0)
+    for addr in (lab.node(1).ip6, lab.node(1).ip):
+        eventually(probe(addr, 0), f"{proxy}: health check of node 1 at {addr} without its endpoint: 503")
+    eventually(probe(lab.node(2).ip6, 1), f"{proxy}: health check of node 2 over IPv6 still 200")
+
+
 # Ports of the hostNetwork echo pods: the nodes' own, so away from the echo pods' and one
 # pair per proxy (the previous test's namespace may still be going away).
 HOST_PORTS = {"kube-proxy": 18080, "kxlb": 18090}
