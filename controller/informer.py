@@ -21,6 +21,11 @@ Shared by the controller and the lab's pod agent (``lab/podagent.py``).
   silent connection is dead. A read timeout or a broken connection re-watches from the last
   resourceVersion after a backoff; only 410 relists.
 - Every event, BOOKMARK included, advances the resourceVersion.
+- A handler that raises loses nothing: the object's latest event is kept and handed to the
+  handler again (client-go's workqueue rate limiter: 5 ms doubling to 5 min per object)
+  until it is taken, unless a newer event of the same object replaces it. Failures are
+  logged with the object and counted (``on_handler_error``). Handlers of one informer never
+  run at once, so a retried event cannot overtake a newer one.
 - Backoff (client-go's ``DelayWithReset``): 0.8 s doubling to a 30 s cap, each delay jittered
   by up to +100 %, reset after 2 min without a backoff. HTTP 429 waits at least its
   Retry-After. A watch that ends within 1 s with no event backs off too (a proxy that closes
@@ -166,6 +171,36 @@ def _retry_after(exc: Exception) -> float:
         return 0.0
 
 
+class RetryQueue:
+    """The latest failed event of each object, due again after a per-object backoff
+    (client-go's ItemExponentialFailureRateLimiter: base * 2^failures, capped)."""
+
+    def __init__(self, base: float = 0.005, cap: float = 300.0, clock: Callable[[], float] = time.monotonic):
+        self.base, self.cap, self.clock = base, cap, clock
+        self._items: dict[str, tuple[float, int, str, dict]] = {}   # key -> (due, failures, type, obj)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def failed(self, key: str, typ: str, obj: dict) -> float:
+        """Keep ``key``'s event for a retry; returns the delay before it."""
+        failures = self._items[key][1] + 1 if key in self._items else 1
+        delay = min(self.base * 2 ** (failures - 1), self.cap)
+        self._items[key] = (self.clock() + delay, failures, typ, obj)
+        return delay
+
+    def forget(self, key: str) -> None:
+        self._items.pop(key, None)
+
+    def due(self) -> list[tuple[str, str, dict]]:
+        now = self.clock()
+        return [(k, typ, obj) for k, (t, _, typ, obj) in sorted(self._items.items(), key=lambda i: i[1][0])
+                if t <= now]
+
+    def next_due(self) -> float | None:
+        return min((t for t, _, _, _ in self._items.values()), default=None)
+
+
 class Informer:
     """Keeps ``store`` equal to the server's view of one resource and calls ``handler``
     for every change. ``list_fn`` is a kubernetes-client list function (e.g.
@@ -176,8 +211,13 @@ class Informer:
 
     def __init__(self, name: str, list_fn: Callable, handler: Handler, kwargs: dict | None = None,
                  timing: WatchTiming | None = None, on_restart: Callable[[str, str], None] | None = None,
-                 on_list: Callable[[list[dict]], None] | None = None):
+                 on_list: Callable[[list[dict]], None] | None = None,
+                 on_handler_error: Callable[[str, str, BaseException], None] | None = None):
         self.name, self.list_fn, self.handler = name, list_fn, handler
+        self.on_handler_error = on_handler_error or (lambda resource, key, exc: None)
+        self.retries = RetryQueue()
+        self._deliver_lock = threading.Lock()   # one handler call at a time (retries included)
+        self._retry_wake = threading.Event()
         self.kwargs = kwargs or {}
         self.timing = timing or WatchTiming()
         self.on_restart = on_restart or (lambda resource, reason: None)
@@ -201,8 +241,50 @@ class Informer:
         self._thread.start()
         return self
 
+    # --- handing events over -------------------------------------------------------------------
+    def _deliver(self, typ: str, key: str, obj: dict) -> bool:
+        """Call the handler; a failure keeps the event for a retry (this one replaces any
+        older event of the object waiting there). True when the handler took it."""
+        with self._deliver_lock:
+            try:
+                self.handler(typ, key, obj)
+            except Exception as exc:
+                delay = self.retries.failed(key, typ, obj)
+                log.error("%s: handling %s of %s failed (%s: %s); retrying in %.3fs", self.name, typ, key,
+                          type(exc).__name__, exc, delay, exc_info=log.isEnabledFor(logging.DEBUG))
+                try:
+                    self.on_handler_error(self.name, key, exc)
+                finally:
+                    self._retry_wake.set()
+                return False
+            self.retries.forget(key)
+            return True
+
+    def retry_due(self) -> int:
+        """Hand the failed events that are due to the handler again; how many it took."""
+        with self._deliver_lock:
+            due = self.retries.due()
+        taken = 0
+        for key, typ, obj in due:
+            with self._deliver_lock:  # a newer event may have replaced or taken it meanwhile
+                current = self.retries._items.get(key)
+                if current is None or current[3] is not obj:
+                    continue
+            taken += self._deliver(typ, key, obj)
+        return taken
+
+    def _retry_loop(self) -> None:
+        while not self._stop.is_set():
+            nxt = self.retries.next_due()
+            wait = None if nxt is None else max(0.0, nxt - time.monotonic())
+            self._retry_wake.wait(wait)
+            self._retry_wake.clear()
+            if not self._stop.is_set():
+                self.retry_due()
+
     def stop(self) -> None:
         self._stop.set()
+        self._retry_wake.set()
         resp = self._resp
         sock = getattr(getattr(resp, "connection", None), "sock", None)
         if sock is not None:
@@ -214,7 +296,9 @@ class Informer:
             self._thread.join(timeout=1)  # a read blocked in the socket ends with the process
 
     def run(self) -> None:
-        """The list/watch loop, in the calling thread, until stop()."""
+        """The list/watch loop, in the calling thread, until stop(); failed events are
+        retried by a thread of their own meanwhile."""
+        threading.Thread(target=self._retry_loop, name=f"informer-{self.name}-retry", daemon=True).start()
         while not self._stop.is_set():
             try:
                 if self.need_list:
@@ -292,14 +376,14 @@ class Informer:
             for key in [k for k in self.store if k not in fresh]:
                 del self.store[key]
                 ns, _, name = key.partition("/")
-                self.handler(DELETED, key, {"metadata": {"namespace": ns, "name": name}})
+                self._deliver(DELETED, key, {"metadata": {"namespace": ns, "name": name}})
             for key, obj in fresh.items():
                 old_rv, orv = self.store.get(key), obj["metadata"].get("resourceVersion")
                 self.store[key] = orv
                 if old_rv is None:
-                    self.handler(ADDED, key, obj)
+                    self._deliver(ADDED, key, obj)
                 elif old_rv != orv:
-                    self.handler(MODIFIED, key, obj)
+                    self._deliver(MODIFIED, key, obj)
         self.resource_version = rv
         self.need_list = self.rv_unavailable = False
         self.synced.set()
@@ -395,7 +479,7 @@ class Informer:
             self.store.pop(key, None)
         else:
             self.store[key] = rv
-        self.handler(typ, key, obj)
+        self._deliver(typ, key, obj)
 
 
 def _reason(exc: Exception) -> str:

@@ -50,6 +50,9 @@ class Metrics:
                                          ["ip_family"], registry=r)
         self.endpoints_programmed = Gauge("kxlb_endpoints_programmed", "Backend slots in the maps",
                                           ["ip_family"], registry=r)
+        self.handler_errors = Counter("kxlb_informer_handler_errors_total",
+                                      "Events a handler raised on (kept and retried), by resource",
+                                      ["resource"], registry=r)
         self.watch_restarts = Counter("kxlb_watch_restarts_total", "Watches restarted, by resource and reason",
                                       ["resource", "reason"], registry=r)
         self.no_local_endpoints = Gauge(

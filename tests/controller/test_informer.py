@@ -66,6 +66,64 @@ def cm_informer(api, ns, timing: WatchTiming, ev: Events):
                     timing, ev.restart), rec
 
 
+class Flaky(Events):
+    """A handler that raises on the first ``fails`` events of objects named ``bad``."""
+
+    def __init__(self, bad: str, fails: int):
+        super().__init__()
+        self.bad, self.fails, self.errors = bad, fails, []
+        self.data: dict[str, str] = {}
+
+    def __call__(self, typ, key, obj):
+        if key.endswith("/" + self.bad) and self.fails > 0:
+            self.fails -= 1
+            raise RuntimeError(f"handler failure {self.fails}")
+        super().__call__(typ, key, obj)
+        self.data[key] = (obj.get("data") or {}).get("k")
+
+    def error(self, res, key, exc):
+        self.errors.append((res, key, str(exc)))
+
+
+@pytest.mark.parametrize("watch_list", [False, True], ids=["list", "watch-list"])
+def test_a_handler_failure_is_retried_not_lost(api, ns, watch_list):
+    """The object a handler raised on reaches it again (client-go's informer would have
+    dropped it for good: the resourceVersion moved on), in the initial state and in the
+    watch; each failure counted with the object."""
+    from kubernetes import client
+
+    configmaps(api, ns, "good", "bad")
+    ev = Flaky("bad", fails=3)
+    inf, _ = cm_informer(api, ns, WatchTiming(watch_list=watch_list), ev)
+    inf.on_handler_error = ev.error
+    inf.start()
+    try:
+        assert inf.synced.wait(10)
+        ev.wait(("ADDED", f"{ns}/bad"), timeout=5)   # 5, 10, 20 ms later
+        assert [e[:2] for e in ev.errors] == [("configmaps", f"{ns}/bad")] * 3
+        assert ("ADDED", f"{ns}/good") in ev.seen and len(inf.retries) == 0
+        # in the watch: two failures, then a newer version arrives before the retry
+        ev.fails = 2
+        inf.retries.base = 2.0   # the retry waits long enough for the update to overtake it
+        core = client.CoreV1Api(api)
+        core.patch_namespaced_config_map("bad", ns, {"data": {"k": "v2"}})
+        wait_until(lambda: len(ev.errors) == 4)
+        core.patch_namespaced_config_map("bad", ns, {"data": {"k": "v3"}})   # fails too, replaces v2
+        wait_until(lambda: len(ev.errors) == 5)
+        assert len(inf.retries) == 1
+        wait_until(lambda: ev.data.get(f"{ns}/bad") == "v3", timeout=15)
+        assert len(inf.retries) == 0 and ev.data[f"{ns}/bad"] == "v3"
+    finally:
+        inf.stop()
+
+
+def wait_until(cond, timeout=10.0):
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "condition not met"
+        time.sleep(0.02)
+
+
 # ----------------------------------------------------------------------------- real API server
 def test_first_list_from_watch_cache_then_watch_with_random_timeout(api, ns):
     configmaps(api, ns, "a", "b")
