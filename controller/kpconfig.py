@@ -122,6 +122,12 @@ def parse(doc: dict) -> FileSettings:
             raise KxlbError(f"--config: conntrack.{field}: {v!r} is not a count")
     s.conntrack_max_per_core = ct.get("maxPerCore")
     s.conntrack_min = ct.get("min")
+    # Fields that change what kube-proxy does and kxlb does not implement: said, not
+    # silently dropped (featureGates: kxlb follows each feature's default in v1.37).
+    for field, why in (("featureGates", "kxlb implements each gate's v1.37 default"),
+                       ("bindAddress", "the node IPs come from the Node object")):
+        if doc.get(field) not in (None, "", {}, "0.0.0.0", "::"):
+            log.warning("--config: %s %r is ignored (%s)", field, doc.get(field), why)
     tuned = [k for k, v in ct.items() if k not in ("maxPerCore", "min") and v not in (None, 0, "", "0s", False)]
     if tuned:
         log.warning("--config: conntrack.%s: Linux conntrack sysctls are left as they are (kxlb tracks its "

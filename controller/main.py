@@ -78,6 +78,8 @@ def resolve(a) -> None:
     fs = load(a.config) if a.config else FileSettings()
     for name, default in DEFAULTS.items():
         setattr(a, name, merged(getattr(a, name), getattr(fs, name), default))
+    # kube-proxy's GetHostname: the override trimmed and lower-cased (Node names are)
+    a.node_name = (a.node_name or "").strip().lower()
     if not a.node_name:
         raise KxlbError("--node-name is required (or hostnameOverride in --config)")
 

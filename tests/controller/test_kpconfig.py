@@ -205,3 +205,20 @@ def test_kxlb_conntrack_is_sized_as_kube_proxy_sizes_nf_conntrack_max(tmp_path):
     with pytest.raises(KxlbError, match="conntrack.min: 'many' is not a count"):
         f.write_text(KUBEADM.replace("min: null", "min: many"))
         load(str(f))
+
+
+def test_hostname_override_is_lowercased_and_unimplemented_fields_are_said(tmp_path, caplog):
+    """kube-proxy's GetHostname trims and lower-cases the override (Node names are lower
+    case); featureGates and bindAddress change kube-proxy's behaviour, so kxlb says it
+    ignores them rather than dropping them silently."""
+    f = tmp_path / "config.conf"
+    f.write_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+                 "hostnameOverride: ' Node-A.Example '\nbindAddress: 10.0.0.5\n"
+                 "featureGates:\n  SomeGate: false\n")
+    a = args("--config", str(f))
+    with caplog.at_level("WARNING"):
+        resolve(a)
+    assert a.node_name == "node-a.example"
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(m.startswith("--config: featureGates {'SomeGate': False} is ignored") for m in said), said
+    assert any(m.startswith("--config: bindAddress '10.0.0.5' is ignored") for m in said), said
