@@ -152,6 +152,31 @@ def memory_at_scale(maps: Maps, services: int, endpoints: int) -> dict:
             "m": table.tables_for(specs[0])[0]}
 
 
+def big_set(fd: int, maps: Maps, n: int, n_flows: int) -> list[dict]:
+    """One service port of ``n`` endpoints (more than the 4,096 a set once could hold: a
+    DaemonSet Service on a large cluster), under the default largest table (16381) and
+    the largest there is (65521): the write (hashing, fill, slots, table chunks), the
+    table's entries per backend, and new flows through the datapath spread over them."""
+    rows = []
+    for m_max in (maglev.DEFAULT_TABLE_SIZE, maglev.MAX_TABLE):
+        table = ServiceTable(maps, maglev_table_size=m_max)
+        bs = backends(n, base=20000)
+        maglev._table_bytes.cache_clear()
+        t0 = time.perf_counter()
+        table.add(SVC, bs)
+        t_add = time.perf_counter() - t0
+        m = table.get(SVC).tables[0]
+        c = Counter(maglev.lookup_table(bs, m))
+        fr = frames(n_flows)
+        got = Counter(sent_to(fd, fr))
+        table.delete(SVC)
+        for k in list(maps.conntrack.keys()):
+            maps.conntrack.delete(k)
+        rows.append({"n": n, "m": m, "add_ms": t_add * 1000, "entries": (min(c.values()), max(c.values())),
+                     "reached": len(got), "flows": n_flows})
+    return rows
+
+
 def lookup_cost(fd: int, maps: Maps, calls: int) -> tuple[float, float]:
     """Median ns of a new flow to a set of 1 backend (no table) and of 10 (one table lookup
     more), frames built beforehand: the price of the table in the datapath."""
@@ -172,6 +197,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--flows", type=int, default=20000, help="flows per datapath measurement (default %(default)s)")
     ap.add_argument("--services", type=int, default=20000, help="service ports for the memory row")
+    ap.add_argument("--big", type=int, default=10000, help="endpoints of the one large service port (default %(default)s)")
     a = ap.parse_args()
     pin = f"/sys/fs/bpf/{unique_tag()}"
     try:
@@ -180,6 +206,7 @@ def main() -> None:
             dprows = datapath_rows(dp.tc_fd, maps, a.flows)
             one, ten = lookup_cost(dp.tc_fd, maps, min(a.flows, 5000))
             mem = memory_at_scale(maps, a.services, 10)
+            big = big_set(dp.tc_fd, maps, a.big, a.flows)
     finally:
         shutil.rmtree(pin, ignore_errors=True)
     mod = modulo_rows(a.flows)
@@ -204,6 +231,12 @@ def main() -> None:
     print(f"\n{a.services:,} service ports x 10 endpoints (M {mem['m']}): {mem['chunks']:,} table chunks, "
           f"{mem['slab_mib']:.1f} MiB of kernel slab for the whole add (tables, slots, frontends); their tables "
           f"take {mem['tables_s']:.2f} s to compute of the {mem['add_s']:.2f} s the batch add (add_many) took")
+    print(f"\nOne service port of {a.big:,} endpoints (over the 4,096 a set once held), {a.flows:,} new flows:")
+    print("| largest table | M | write (fill, slots, chunks) ms | table entries per backend (min-max) | backends reached |")
+    print("|---:|---:|---:|---|---:|")
+    for r, m_max in zip(big, (maglev.DEFAULT_TABLE_SIZE, maglev.MAX_TABLE)):
+        print(f"| {m_max} | {r['m']} | {r['add_ms']:.0f} | {r['entries'][0]}-{r['entries'][1]} | "
+              f"{r['reached']:,} of {r['n']:,} |")
     calls = min(a.flows, 5000)
     print(f"New flow, tc, median of medians of 3 x {calls}: 1 backend (no table) {one:.0f} ns, 10 backends (table "
           f"lookup) {ten:.0f} ns ({ten - one:+.0f} ns)")

@@ -16,7 +16,10 @@
 #ifndef KXLB_MAX_BACKEND_SLOTS
 #define KXLB_MAX_BACKEND_SLOTS   1048576 /* backend slots over all services, both generations */
 #endif
-#define KXLB_MAX_BACKENDS_PER_SVC 4096   /* slots per service and generation */
+#define KXLB_MAX_BACKENDS_PER_SVC 65520  /* slots per set of a service port and generation: the largest
+					  * set a Maglev table of KXLB_MAGLEV_MAX_TABLE entries holds
+					  * (slot indices and counts are u16). kube-proxy has no limit;
+					  * a DaemonSet Service on 5,000 nodes must fit */
 #ifndef KXLB_CT_ENTRIES
 #define KXLB_CT_ENTRIES          131072  /* conntrack: client sockets (a record holds its flows); the controller sizes it (mapspec.conntrack_cflags) */
 #endif

@@ -37,6 +37,7 @@ MARKER = C["KIND_MARKER"]
 CLUSTER_IP = C["KIND_CLUSTER_IP"]
 SETS = (C["SET_CLUSTER"], C["SET_LOCAL"])
 MAX_PER_SVC = C["MAX_BACKENDS_PER_SVC"]
+OLD_MAX_PER_SVC = 4096   # the per-set limit of releases up to 0.2 (their leftovers may be suffixes)
 MAX_INTENT_IDS = 64   # more than this is a bulk write: its repair sweeps everything
 
 
@@ -145,7 +146,7 @@ def sweep(maps, ids: set[int] | None = None, op: str = "", gen: int | None = Non
                 for g in (0, 1):
                     if (i, g) not in referenced:
                         out.slots += _probe_delete(backends, lambda n, s: BackendKey(svc_id=i, slot=n, gen=g, set=s),
-                                                   MAX_PER_SVC)
+                                                   MAX_PER_SVC, dense=OLD_MAX_PER_SVC)
         ranges = fam.map(maps, "src_ranges")
         out.ranges += _delete_where(ranges, lambda k: k.svc_id not in live_ids and (ids is None or k.svc_id in ids))
         affinity = fam.map(maps, "affinity")
@@ -184,10 +185,20 @@ def _delete_where(m, pred) -> int:
     return sum(m.delete(k) for k in doomed)
 
 
-def _probe_delete(m, key_of, n: int) -> int:
+def _probe_delete(m, key_of, n: int, dense: int | None = None) -> int:
     """Delete keys key_of(i, set) for i < n in both sets. Probed one by one: a write killed
-    half way leaves a prefix, a delete killed half way a suffix."""
-    return sum(m.delete(key_of(i, s)) for s in SETS for i in range(n))
+    half way leaves a prefix, and so does a delete (last slot first). ``dense``: every
+    index below it is probed (releases up to 0.2 deleted first slot first, leaving a
+    suffix, and held at most that many), then only up to the first missing one, so a
+    repair costs what was left, not 65,520 probes per set."""
+    gone = 0
+    for s in SETS:
+        for i in range(n):
+            hit = m.delete(key_of(i, s))
+            gone += hit
+            if not hit and dense is not None and i >= dense:
+                break
+    return gone
 
 
 def _sweep_maglev(maps, ids: set[int] | None) -> int:

@@ -66,7 +66,9 @@ def check_table_size(m: int, what: str = "--maglev-table-size") -> int:
 
 
 def table_size(n: int, max_size: int = DEFAULT_TABLE_SIZE) -> int:
-    """M for a set of ``n`` backends: 0 for at most one backend (no table: slot 0)."""
+    """M for a set of ``n`` backends: 0 for at most one backend (no table: slot 0). A set
+    too large for ``max_size`` (M must exceed N) gets the largest table a u16 holds
+    rather than no service at all: kube-proxy serves every endpoint."""
     if n <= 1:
         return 0
     for m in TABLE_LADDER:
@@ -74,14 +76,14 @@ def table_size(n: int, max_size: int = DEFAULT_TABLE_SIZE) -> int:
             break
         if m >= TABLE_FACTOR * n:
             return m
-    return max_size
+    return max_size if n < max_size else MAX_TABLE
 
 
-def check_set(label: str, what: str, n: int, max_size: int) -> None:
-    """A set of ``n`` backends fits a table of at most ``max_size`` entries (M > N)."""
-    if n > 1 and n >= max_size:
-        raise KxlbError(f"service {label}: {n} {what} need a Maglev table larger than {max_size} entries "
-                        f"(--maglev-table-size must be a prime above the largest backend set)")
+def check_set(label: str, what: str, n: int, max_size: int = MAX_TABLE) -> None:
+    """A set of ``n`` backends fits a Maglev table (M > N; the largest is MAX_TABLE)."""
+    if n > 1 and n >= MAX_TABLE:
+        raise KxlbError(f"service {label}: {n} {what} need a Maglev table larger than {MAX_TABLE} entries, "
+                        f"the largest a u16 table size holds")
 
 
 def identity(b: Backend) -> bytes:

@@ -62,13 +62,19 @@ def validate_backends(key: ServiceKey, backends: Iterable[Backend]) -> tuple[Bac
 # (svc_id u32, index u16, gen u8, set u8): the (index, gen, set) tails are packed once,
 # and a set's keys are then one bytes.join (svc_id as the separator), not a pack per
 # slot or chunk.
-_KEY_TAILS = {(g, st): [struct.pack("=HBB", i, g, st) for i in range(max(MAX_PER_SVC, maglev.n_chunks(maglev.MAX_TABLE)))]
-              for g in (0, 1) for st in SETS}
+# Packed as far as the largest set written so far needs (a 65,520-slot set is rare: its
+# tails are not kept by every controller).
+_KEY_TAILS: dict[tuple[int, int], list[bytes]] = {(g, st): [] for g in (0, 1) for st in SETS}
 _PORT_PAD: dict[int, bytes] = {}
 
 
 def _keys(sid: bytes, gen: int, set_: int, n: int) -> bytes:
-    return sid + sid.join(_KEY_TAILS[(gen, set_)][:n]) if n else b""
+    if not n:
+        return b""
+    tails = _KEY_TAILS[(gen, set_)]
+    if len(tails) < n:
+        tails.extend(struct.pack("=HBB", i, gen, set_) for i in range(len(tails), max(n, 1024)))
+    return sid + sid.join(tails[:n])
 
 
 def _pack_slots(svc_id: int, gen: int, spec: LbService, tables: tuple[int, int]) -> tuple[bytes, bytes, bytes, bytes, int]:
@@ -598,7 +604,9 @@ class ServiceTable:
         fam = spec.key.family
         backends = fam.map(self.maps, "backends")
         for set_, bs, m in zip(SETS, (spec.cluster, spec.local), tables):
-            for i in range(len(bs)):
+            # Last slot first: a delete killed half way leaves a prefix, as a killed
+            # write does, which is what the journal's repair probes (loader/journal.py).
+            for i in reversed(range(len(bs))):
                 gone += backends.delete(BackendKey(svc_id=svc_id, slot=i, gen=gen, set=set_))
             for i in range(maglev.n_chunks(m)):
                 chunks_gone += self.maps.maglev.delete(MaglevKey(svc_id=svc_id, chunk=i, gen=gen, set=set_))

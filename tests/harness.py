@@ -121,13 +121,13 @@ print(flips, flush=True)
 
 
 @contextmanager
-def clean_table(maps) -> Iterator:
+def clean_table(maps, **table_options) -> Iterator:
     """A ServiceTable on a shared datapath (fixture ``dp``); afterwards every entry a test
     may have left (services and what hangs off them, the flows) is gone and the node
     configuration is back to none."""
     from kxlb.loader.services import DatapathConfig, ServiceTable
 
-    t = ServiceTable(maps)
+    t = ServiceTable(maps, **table_options)
     try:
         yield t
     finally:

@@ -83,6 +83,8 @@ def test_table_sizes():
         [251, 251, 1021, 1021, 16381, 16381, 16381]
     assert maglev.table_size(300, max_size=1021) == 1021
     assert maglev.table_size(5000, max_size=65521) == 65521
+    # a set the largest table cannot hold gets the largest a u16 holds, not no service
+    assert maglev.table_size(1021, max_size=1021) == maglev.table_size(20000) == 65521
     for m in maglev.TABLE_LADDER:
         assert maglev.is_prime(m)
 
@@ -290,17 +292,24 @@ def test_a_missing_chunk_reads_as_drift_and_put_repairs_it(hook, table):
     assert set(picks(hook, flows(1000))) == set(bs)
 
 
-def test_a_set_larger_than_the_table_is_refused_clearly(dp):
+def test_a_set_larger_than_the_table_size_gets_the_largest_table_and_every_backend(hook, dp):
+    """kube-proxy uses every endpoint, however many: a set of 6,000 (over 4,096, the old
+    per-set limit, and over --maglev-table-size 4093) is written whole, in a table of
+    65521, and new flows spread over it."""
     _, maps = dp
-    t = ServiceTable(maps, maglev_table_size=251)
-    with pytest.raises(KxlbError, match=r"service 10.96.7.7:80/tcp: 251 backends need a Maglev table larger than 251"):
-        t.add(SVC, backends(251))
-    assert maps.services.get(SVC.to_c()) is None
+    bs = backends(6000)
+    with clean_table(maps, maglev_table_size=4093) as t:
+        t.add(SVC, bs)
+        v = maps.services.get(SVC.to_c())
+        assert (v.count, v.table_size) == (6000, 65521)
+        assert len(t.read_all()[SVC].spec.cluster) == 6000
+        got = picks(hook, flows(1000))
+        assert set(got) <= set(bs) and len(set(got)) > 800, len(set(got))   # ~920 distinct expected
+        assert any(b in set(got) for b in bs[4096:])   # slots past the old limit are reached
+        t.delete(SVC)
+        assert [k for k in maps.backends.keys() if k.svc_id == v.svc_id] == []
     with pytest.raises(KxlbError, match="not a prime"):
         ServiceTable(maps, maglev_table_size=4096)
-
-
-
 
 
 def test_flipping_between_table_sizes_never_mixes_tables(hook, table):
