@@ -4,8 +4,10 @@ Shared by the controller and the lab's pod agent (``lab/podagent.py``).
 
 - Initial state: a watch-list stream where the API server offers it (``sendInitialEvents=true``,
   ``resourceVersionMatch=NotOlderThan``, bookmarks; Kubernetes' WatchList, on by default since
-  v1.34): the initial ADDED events are collected and applied when the BOOKMARK annotated
-  ``k8s.io/initial-events-end: "true"`` arrives; the same stream then carries on as the watch.
+  v1.34): each initial ADDED event is handed to the handler as it arrives (new or changed
+  against the cache; an ``on_list`` consumer gets them whole), and when the BOOKMARK
+  annotated ``k8s.io/initial-events-end: "true"`` arrives, what the cache holds beyond them
+  is deleted and the informer is synced; the same stream then carries on as the watch.
   A server that rejects it (or ends the stream without that bookmark) is listed instead, and
   this informer does not try watch-list again.
 - List: ``resourceVersion="0"`` (served from the API server's watch cache, no pagination: the
@@ -368,22 +370,39 @@ class Informer:
                  self.resource_version, rv)
 
     def _replace(self, items: list[dict], rv: str) -> None:
-        fresh = {object_key(o): o for o in items}
+        """A complete state: to ``on_list`` whole, else as the difference against the cache."""
         if self.on_list is not None:
-            self.store = {k: (o.get("metadata") or {}).get("resourceVersion") for k, o in fresh.items()}
+            self.store = {object_key(o): (o.get("metadata") or {}).get("resourceVersion") for o in items}
             self.on_list(items)
-        else:
-            for key in [k for k in self.store if k not in fresh]:
-                del self.store[key]
-                ns, _, name = key.partition("/")
-                self._deliver(DELETED, key, {"metadata": {"namespace": ns, "name": name}})
-            for key, obj in fresh.items():
-                old_rv, orv = self.store.get(key), obj["metadata"].get("resourceVersion")
-                self.store[key] = orv
-                if old_rv is None:
-                    self._deliver(ADDED, key, obj)
-                elif old_rv != orv:
-                    self._deliver(MODIFIED, key, obj)
+            self._synced_at(rv)
+            return
+        seen: set[str] = set()
+        for obj in items:
+            self._initial(obj, seen)
+        self._initial_end(seen, rv)
+
+    def _initial(self, obj: dict, seen: set[str]) -> None:
+        """One object of a complete state, handed over at once if it is new or changed (a
+        watch-list's initial events are decoded as they arrive, not held until the end:
+        30k Services are ~520 MB of dicts at once, one at a time is one)."""
+        key = object_key(obj)
+        seen.add(key)
+        old_rv, orv = self.store.get(key), (obj.get("metadata") or {}).get("resourceVersion")
+        self.store[key] = orv
+        if old_rv is None:
+            self._deliver(ADDED, key, obj)
+        elif old_rv != orv:
+            self._deliver(MODIFIED, key, obj)
+
+    def _initial_end(self, seen: set[str], rv: str) -> None:
+        """The complete state is in: what the cache holds beyond it was deleted meanwhile."""
+        for key in [k for k in self.store if k not in seen]:
+            del self.store[key]
+            ns, _, name = key.partition("/")
+            self._deliver(DELETED, key, {"metadata": {"namespace": ns, "name": name}})
+        self._synced_at(rv)
+
+    def _synced_at(self, rv: str) -> None:
         self.resource_version = rv
         self.need_list = self.rv_unavailable = False
         self.synced.set()
@@ -418,14 +437,15 @@ class Informer:
             if getattr(exc, "status", None) in (400, 403, 404, 405, 422, 501):
                 raise _NoWatchList(f"HTTP {exc.status}", permanent=True) from None
             raise
-        self._consume(resp, initial={})
+        self._consume(resp, initial={} if self.on_list is not None else set())
 
     def _watch(self) -> None:
         self._consume(self._open(resource_version=self.resource_version), initial=None)
 
-    def _consume(self, resp, initial: dict | None) -> None:
-        """Read a watch stream. ``initial`` collects a watch-list's initial events until the
-        end bookmark (then it is None and events are applied as they come)."""
+    def _consume(self, resp, initial: dict | set | None) -> None:
+        """Read a watch stream. ``initial``: a watch-list's initial events until the end
+        bookmark, collected whole for ``on_list`` (a dict), else handed over as they come
+        and their keys kept (a set); None once they are in (events applied as they come)."""
         started, events = time.monotonic(), 0
         try:
             for line in _lines(resp):
@@ -448,14 +468,24 @@ class Informer:
                     if typ == BOOKMARK:
                         if (md.get("annotations") or {}).get(INITIAL_EVENTS_END) != "true":
                             raise _NoWatchList("a bookmark before the initial-events-end bookmark", permanent=True)
-                        self._replace(list(initial.values()), md.get("resourceVersion") or self.resource_version)
+                        end_rv = md.get("resourceVersion") or self.resource_version
+                        if isinstance(initial, set):
+                            self._initial_end(initial, end_rv)
+                        else:
+                            self._replace(list(initial.values()), end_rv)
                         log.info("%s: watch-list: %d objects at resourceVersion %s", self.name,
                                  len(initial), self.resource_version)
                         initial = None
                     elif typ in (ADDED, MODIFIED):
-                        initial[object_key(obj)] = obj
+                        if isinstance(initial, set):
+                            self._initial(obj, initial)
+                        else:
+                            initial[object_key(obj)] = obj
                     elif typ == DELETED:
-                        initial.pop(object_key(obj), None)
+                        if isinstance(initial, set):
+                            initial.discard(object_key(obj))  # gone from the cache at the end bookmark
+                        else:
+                            initial.pop(object_key(obj), None)
                     continue
                 self._event(typ, obj)
         finally:
