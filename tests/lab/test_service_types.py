@@ -63,6 +63,21 @@ def web(lab, k8s):
     return ips, cns
 
 
+def health_check(ns: str, addr: str, port: int, service: tuple[str, str], want: int, path: str = "/"):
+    """A check for eventually(): the healthCheckNodePort at addr answers as kube-proxy's
+    (any path) for ``service`` with ``want`` local endpoints and a healthy proxy."""
+    def check():
+        try:
+            code, body = http_get(addr, port, path, ns=ns)
+        except OSError as exc:
+            return False, repr(exc)
+        doc = json.loads(body) if body.startswith("{") else {}
+        ok = (code, doc.get("localEndpoints"), doc.get("service")) == \
+            (200 if want else 503, want, {"namespace": service[0], "name": service[1]})
+        return ok and doc.get("serviceProxyHealthy") is True, (code, body)
+    return check
+
+
 def lb_service(k8s, name: str, ports=TCP_PORT, **spec) -> dict:
     """A LoadBalancer Service over app=web, returned once the lab's pool gave it an IP."""
     k8s.service(name, selector={"app": "web"}, ports=ports, type="LoadBalancer", **spec)
@@ -121,16 +136,7 @@ def test_nodeport_external_ip_and_load_balancer(with_proxy, k8s, web, proxy):
     hcnp = hc["spec"]["healthCheckNodePort"]
 
     def health(node_ip: str, want: int):
-        def check():
-            try:
-                code, body = http_get(node_ip, hcnp, "/", ns=lab.client_ns)
-            except OSError as exc:
-                return False, repr(exc)
-            doc = json.loads(body) if body.startswith("{") else {}
-            ok = (code, doc.get("localEndpoints"), doc.get("service")) == \
-                (200 if want else 503, want, {"namespace": k8s.name, "name": "web"})
-            return ok and doc.get("serviceProxyHealthy") is True, (code, body)
-        return check
+        return health_check(lab.client_ns, node_ip, hcnp, (k8s.name, "web"), want)
     eventually(health(node1, 1), f"{proxy}: health check on node 1: 200, 1 local endpoint")
     k8s.delete_pod("local", grace=0)
     eventually(health(node1, 0), f"{proxy}: health check on node 1 without local endpoint: 503")
@@ -317,15 +323,7 @@ def test_a_dual_stack_load_balancers_health_check_answers_on_both_families(with_
     k8s.wait_endpoints("dual-lb", [p["status"]["podIP"] for p in pods] + [ip6_of(p) for p in pods])
 
     def probe(addr: str, want: int):
-        def check():
-            try:
-                code, body = http_get(addr, hcnp, "/healthz", ns=lab.client_ns)
-            except OSError as exc:
-                return False, repr(exc)
-            doc = json.loads(body) if body.startswith("{") else {}
-            return (code, doc.get("localEndpoints"), doc.get("service")) == \
-                (200 if want else 503, want, {"namespace": k8s.name, "name": "dual-lb"}), (code, body)
-        return check
+        return health_check(lab.client_ns, addr, hcnp, (k8s.name, "dual-lb"), want, path="/healthz")
     for n, want in ((1, 1), (2, 1)):
         for addr in (lab.node(n).ip6, lab.node(n).ip):
             eventually(probe(addr, want), f"{proxy}: health check of node {n} at {addr}: {want} local endpoint")
