@@ -6,7 +6,6 @@ of the maps), the metrics HTTP server, and the interface attacher.
 """
 from __future__ import annotations
 
-import datetime as dt
 import gc
 import logging
 import threading
@@ -15,29 +14,35 @@ from collections import Counter
 from dataclasses import dataclass
 
 from kxlb.loader.errors import KxlbError
-from kxlb.loader.layout import C, FAMILIES, V4, V6
+from kxlb.loader.layout import FAMILIES, V4, V6
 from kxlb.loader.maps import Maps
 from kxlb.loader.services import DatapathConfig
 
-from .decode import DecodeError, decode_service, decode_slice
+from .decode import DecodeError
+from .dpconfig import MAX_SVC_CIDRS, datapath_config
 from .health import ProxyHealth
 from .healthcheck import HealthCheckServers
 from .informer import DELETED, Informer, WatchTiming
 from .metrics import Metrics
 from .conntrack import clean_stale_udp_flows, serving_by_frontend
 from .socks import UdpSocketReaper
-from .model import IPV4, IPV6, Desired, EndpointSlice, NodeContext, Service, family_of, service_entries
+from .model import IPV4, IPV6, Desired, NodeContext, family_of, service_entries
 from .node import (NodePortSelection, decode_node, interface_addresses, masquerade_port_range,
                    nodeport_selection, select_nodeport_addresses)
 from .programmer import ApplyResult, Programmer
 from .runner import BoundedFrequencyRunner
+from .tracker import ChangeTracker
 
 log = logging.getLogger("kxlb.controller")
 
 # kube-proxy's selector: services (and their slices, which inherit the labels) that
 # another proxy implements, and headless ones, are not ours.
-PROXY_SELECTOR = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
-TRIGGER_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
+# kube-proxy's informers (cmd/kube-proxy/app/server.go): Services another proxy owns and
+# headless Services (by field: the API server never sends them) are not watched, nor the
+# EndpointSlices of headless Services.
+SERVICE_SELECTOR = {"label_selector": "!service.kubernetes.io/service-proxy-name",
+                    "field_selector": "spec.clusterIP!=None"}
+SLICE_SELECTOR = {"label_selector": "!service.kubernetes.io/headless"}
 
 
 @dataclass
@@ -81,12 +86,8 @@ class Controller:
         # journal (loader/journal.py) and ids (loader/svcids.py): a writer's records in the pin dir
         self.programmer = Programmer(maps, config.maglev_table_size, journal, ids)
         self._lock = threading.Lock()
-        self.services: dict[str, Service] = {}
-        self.slices_by_service: dict[str, dict[str, EndpointSlice]] = {}
-        self._slice_service: dict[str, str] = {}
+        self.tracker = ChangeTracker(on_invalid=self._skip)   # informers -> what changed
         self.fragments: dict[str, Desired] = {}
-        self._dirty: set[str] = set()
-        self._triggers: dict[str, float] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._node_ip: str | None = None       # node IP of IPv4 (GetNodeHostIPs)
@@ -103,7 +104,6 @@ class Controller:
         self._node_dirty = False
         self._force_full = True          # the first sync, and the one after a failure
         self._last_queued = 0.0
-        self._slice_changes = 0          # EndpointSlice events since the last sync
         self._health_checks: dict[str, tuple[int, int]] = {}   # over every Service's fragment
         self._udp_serving: dict = {}
         self._no_local: Counter = Counter({"internal": 0, "external": 0})
@@ -111,8 +111,8 @@ class Controller:
         self._udp_changed = False
         # Read at scrape time: nothing to do per event.
         self.metrics.last_queued.set_function(lambda: self._last_queued)
-        self.metrics.service_changes_pending.set_function(lambda: len(self._dirty))
-        self.metrics.endpoint_changes_pending.set_function(lambda: self._slice_changes)
+        self.metrics.service_changes_pending.set_function(lambda: self.tracker.pending)
+        self.metrics.endpoint_changes_pending.set_function(lambda: self.tracker.slice_changes)
         for fam in FAMILIES:
             self.metrics.endpoints_programmed.labels(fam.name).set_function(
                 lambda fam=fam: self.programmer.table.slots_used_by(fam))
@@ -142,9 +142,9 @@ class Controller:
         timing = self.config.timing
         return [
             Informer("services", core.list_service_for_all_namespaces, self.on_service,
-                     {"label_selector": PROXY_SELECTOR}, timing, restart, on_handler_error=failed),
+                     dict(SERVICE_SELECTOR), timing, restart, on_handler_error=failed),
             Informer("endpointslices", disc.list_endpoint_slice_for_all_namespaces, self.on_slice,
-                     {"label_selector": PROXY_SELECTOR}, timing, restart, on_handler_error=failed),
+                     dict(SLICE_SELECTOR), timing, restart, on_handler_error=failed),
             Informer("nodes", core.list_node, self._on_node,
                      {"field_selector": f"metadata.name={self.config.node_name}"}, timing, restart,
                      on_handler_error=failed),
@@ -155,42 +155,13 @@ class Controller:
     # --- change tracking (informer threads) ------------------------------------------------
     def on_service(self, typ: str, key: str, obj: dict) -> None:
         self.metrics.service_changes.inc()
-        with self._lock:
-            if typ == DELETED:
-                self.services.pop(key, None)
-            else:
-                try:
-                    self.services[key] = decode_service(obj)
-                except DecodeError as exc:
-                    self._skip(exc, obj)
-                    return  # the last good version (if any) stays programmed
-            self._dirty.add(key)
-        self._queued()
+        if self.tracker.service(typ, key, obj):
+            self._queued()
 
     def on_slice(self, typ: str, key: str, obj: dict) -> None:
         self.metrics.endpoint_changes.inc()
-        with self._lock:
-            old_svc = self._slice_service.pop(key, None)
-            if typ != DELETED:
-                try:
-                    s = decode_slice(obj)
-                except DecodeError as exc:
-                    self._skip(exc, obj)
-                    if old_svc:
-                        self._slice_service[key] = old_svc
-                    return
-            if old_svc:
-                self.slices_by_service.get(old_svc, {}).pop(key, None)
-                self._dirty.add(old_svc)
-            if typ != DELETED:
-                self.slices_by_service.setdefault(s.service_id, {})[key] = s
-                self._slice_service[key] = s.service_id
-                self._dirty.add(s.service_id)
-                trig = _trigger_time(obj)
-                if trig is not None:
-                    self._triggers[s.service_id] = min(trig, self._triggers.get(s.service_id, trig))
-            self._slice_changes += 1
-        self._queued()
+        if self.tracker.slice(typ, key, obj):
+            self._queued()
 
     def _queued(self) -> None:
         """A change waits for the sync loop (kube-proxy's QueuedUpdate). Called per event:
@@ -339,12 +310,7 @@ class Controller:
                 full, self._node_dirty = True, False
         if not full and self._addresses_changed():
             full = True
-        with self._lock:
-            ids = (set(self.services) | set(self.fragments)) if full else self._dirty
-            self._dirty = set()
-            self._slice_changes = 0
-            work = [(sid, self.services.get(sid), list(self.slices_by_service.get(sid, {}).values())) for sid in ids]
-            triggers = [self._triggers.pop(sid) for sid in ids if sid in self._triggers]
+        work, triggers = self.tracker.checkout(full, also=self.fragments)
         node = self._node_ctx = self.node_context() if full or self._node_ctx is None else self._node_ctx
         if full:
             self._service_state_changed = True  # listen addresses may have changed too
@@ -460,19 +426,11 @@ class Controller:
             except (OSError, KxlbError) as exc:
                 log.error("masquerade source ports: %s; using the datapath's default range", exc)
                 self._src_ports = ()
-        node_addrs = tuple(a for a in (self._node_ip, self._node_ip6) if a)
-        masq = self.config.masquerade_address
-        snat = tuple(a for a in node_addrs if not masq or (":" in a) != (":" in masq)) + ((masq,) if masq else ())
-        kept: list[str] = []
-        for six in (False, True):
-            mine = [c for c in cidrs if (":" in c) == six]
-            if len(mine) > C["MAX_SVC_CIDRS"]:
-                log.error("%d IPv%d service CIDRs, the datapath knows the first %d: %s", len(mine), 6 if six else 4,
-                          C["MAX_SVC_CIDRS"], ", ".join(mine))
-            kept += mine[:C["MAX_SVC_CIDRS"]]
-        want = DatapathConfig(snat_addrs=snat, cluster_cidrs=tuple(local), service_cidrs=tuple(kept),
-                              masquerade_all=self.config.masquerade_all, src_ports=self._src_ports or None,
-                              node_addrs=node_addrs)
+        want, dropped = datapath_config((self._node_ip, self._node_ip6), self.config.masquerade_address, local, cidrs,
+                                        self.config.masquerade_all, self._src_ports or None)
+        if dropped:
+            log.error("service CIDRs %s: the datapath knows %d per family (%s)", ", ".join(dropped), MAX_SVC_CIDRS,
+                      ", ".join(want.service_cidrs))
         if want == self._dp_config:
             return
         self.programmer.table.set_config(want)
@@ -504,13 +462,3 @@ class Controller:
 
 class SyncIncomplete(Exception):
     """The kernel refused some map writes: the runner retries (a full sync) with backoff."""
-
-
-def _trigger_time(obj: dict) -> float | None:
-    ann = ((obj.get("metadata") or {}).get("annotations") or {}).get(TRIGGER_ANNOTATION)
-    if not ann:
-        return None
-    try:
-        return dt.datetime.fromisoformat(ann.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None

@@ -168,8 +168,18 @@ def _hint_names(hints: dict, key: str, oid: str, i: int) -> tuple[str, ...]:
                           "not a list of {name: ...} objects") from None
 
 
-def decode_slice(obj: dict) -> EndpointSlice:
+def decode_slice(obj: dict, skipped: list[DecodeError] | None = None) -> EndpointSlice:
+    """``skipped``: a bad endpoint address or port is left out and reported there (as
+    kube-proxy ignores such an entry, one bad entry must not take the other endpoints
+    down); without it, it makes the whole slice a DecodeError. A malformed structure
+    (the wrong type where a list or object belongs) is always the whole slice's error, as
+    kube-proxy's typed decoding fails on it."""
     oid = _id(obj)
+
+    def bad(err: DecodeError) -> None:
+        if skipped is None:
+            raise err
+        skipped.append(err)
     md = obj.get("metadata") or {}
     service = (md.get("labels") or {}).get(SERVICE_NAME_LABEL)
     if not service:
@@ -191,13 +201,15 @@ def decode_slice(obj: dict) -> EndpointSlice:
                 # kube-proxy parses sloppily: "010.0.0.1" (stored before Go got strict) is 10.0.0.1
                 addr = ipv4_sloppy(addr) if isinstance(addr, str) else None
                 if addr is None:
-                    raise DecodeError("EndpointSlice", oid, f"endpoints[{i}].addresses[0]",
-                                      f"{addrs[0]!r} is not an IPv4 address") from None
+                    bad(DecodeError("EndpointSlice", oid, f"endpoints[{i}].addresses[0]",
+                                    f"{addrs[0]!r} is not an IPv4 address"))
+                    continue
         elif v6:
             addr = canonical_ip6(addr)
             if addr is None or "." in addr:   # an IPv4-mapped address is not an IPv6 endpoint
-                raise DecodeError("EndpointSlice", oid, f"endpoints[{i}].addresses[0]",
-                                  f"{addrs[0]!r} is not an IPv6 address")
+                bad(DecodeError("EndpointSlice", oid, f"endpoints[{i}].addresses[0]",
+                                f"{addrs[0]!r} is not an IPv6 address"))
+                continue
         cond = ep.get("conditions")
         if cond:  # absent ready/serving mean true, absent terminating false (as kube-proxy)
             e = Endpoint(addr, cond.get("ready") is not False, cond.get("serving") is not False,
@@ -212,8 +224,11 @@ def decode_slice(obj: dict) -> EndpointSlice:
     ports = []
     for i, p in enumerate(obj.get("ports") or []):
         # An absent name is not "": kube-proxy ignores such a port (nil name)
-        ports.append(SlicePort(name=p.get("name"),
-                               port=_port(p.get("port"), "EndpointSlice", oid, f"ports[{i}].port", optional=True),
-                               protocol=p.get("protocol") or "TCP"))
+        try:
+            port = _port(p.get("port"), "EndpointSlice", oid, f"ports[{i}].port", optional=True)
+        except DecodeError as err:   # kube-proxy: "Ignoring invalid endpoint port"
+            bad(err)
+            continue
+        ports.append(SlicePort(name=p.get("name"), port=port, protocol=p.get("protocol") or "TCP"))
     return EndpointSlice(namespace=md.get("namespace", ""), name=md["name"], service=service,
                          address_type=atype, endpoints=tuple(endpoints), ports=tuple(ports))

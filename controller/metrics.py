@@ -79,10 +79,11 @@ class Metrics:
 
 
 def serve(metrics: Metrics, host: str, port: int, health=None, proxy_mode: str = "kxlb") -> Server:
-    """/metrics; /proxyMode (as kube-proxy's metrics port: tools and e2e tests ask it);
-    /healthz and /livez (with ``health``, a controller.health.ProxyHealth: the same
-    answers as the health port; without, "the process answers"); /readyz (first sync
-    done)."""
+    """/metrics; /proxyMode and /healthz as kube-proxy's metrics port (tools and e2e tests
+    ask them; its /healthz is client-go's ping check: "ok" while the process answers, the
+    proxy's health is the health port's); /livez (with ``health``, a
+    controller.health.ProxyHealth: the health port's answer; kxlb's own) and /readyz
+    (first sync done)."""
     health_answer = health_handler(health) if health is not None else None
 
     def handle(path: str) -> tuple[int, dict[str, str], bytes]:
@@ -90,7 +91,9 @@ def serve(metrics: Metrics, host: str, port: int, health=None, proxy_mode: str =
             return 200, {"Content-Type": CONTENT_TYPE_LATEST}, metrics.render()
         if path == "/proxyMode":
             return 200, TEXT, proxy_mode.encode()
-        if path in ("/healthz", "/livez"):
+        if path == "/healthz":
+            return 200, TEXT, b"ok"
+        if path == "/livez":
             return health_answer(path) if health_answer else (200, TEXT, b"ok\n")
         if path == "/readyz":
             ok = metrics.ready.is_set()

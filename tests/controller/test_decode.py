@@ -122,6 +122,21 @@ def test_malformed_slice_names_object_and_field(obj, field):
     assert err.value.field == field and "EndpointSlice d/web-1" in str(err.value)
 
 
+def test_a_bad_endpoint_or_port_is_left_out_and_reported_the_rest_of_the_slice_kept():
+    """kube-proxy ignores an endpoint or port it cannot use; the controller passes a list
+    and gets the others (a strict caller gets the error)."""
+    obj = slice_([{"addresses": ["10.0.0.1"]}, {"addresses": ["10.0.0.256"]}, {"addresses": ["10.0.0.3"]}],
+                 ports=[{"name": "a", "port": 0}, {"name": "b", "port": 8080}])
+    skipped: list[DecodeError] = []
+    got = decode_slice(obj, skipped)
+    assert [e.address for e in got.endpoints] == ["10.0.0.1", "10.0.0.3"]
+    assert got.ports == (SlicePort("b", 8080, "TCP"),)
+    assert [(e.field, "EndpointSlice d/web-1" in str(e)) for e in skipped] == \
+        [("endpoints[1].addresses[0]", True), ("ports[0].port", True)]
+    with pytest.raises(DecodeError, match=r"endpoints\[1\].addresses\[0\]"):
+        decode_slice(obj)
+
+
 def test_a_dual_stack_node_gives_both_families_internal_ips_and_pod_cidrs():
     from kxlb.controller.node import decode_node
 

@@ -415,3 +415,31 @@ def test_watch_list_hands_each_initial_object_over_as_it_arrives(fake):
         assert set(inf.store) == {"x/a", "x/b"} and inf.watch_list
     finally:
         inf.stop()
+
+
+def test_the_controllers_selectors_are_kube_proxys(api, ns):
+    """Services: not another proxy's, not headless (by field: never sent); EndpointSlices:
+    not a headless Service's, whatever their proxy-name label (kube-proxy's informers)."""
+    from conftest import make_service, put_slice
+    from kubernetes import client
+
+    from kxlb.controller.controller import SERVICE_SELECTOR, SLICE_SELECTOR
+
+    other = {"service.kubernetes.io/service-proxy-name": "someone-else"}
+    make_service(api, ns, "mine", [("http", 80, "TCP")], [("10.1.0.1", {"ready": True})])
+    make_service(api, ns, "other", [("http", 80, "TCP")], [("10.1.0.2", {"ready": True})], labels=other)
+    make_service(api, ns, "headless", [("http", 80, "TCP")], [], cluster_ip="None")
+    put_slice(api, ns, "headless", [("10.1.0.3", {"ready": True})], [("http", 80, "TCP")],
+              labels={"service.kubernetes.io/headless": ""})
+    seen = {}
+    for name, fn, selector in (
+            ("services", client.CoreV1Api(api).list_namespaced_service, SERVICE_SELECTOR),
+            ("slices", client.DiscoveryV1Api(api).list_namespaced_endpoint_slice, SLICE_SELECTOR)):
+        ev = Events()
+        inf = Informer(name, fn, ev, {"namespace": ns, **selector}, WatchTiming(), ev.restart).start()
+        try:
+            assert inf.synced.wait(10)
+            seen[name] = sorted(k.split("/")[1] for _, k in ev.seen)
+        finally:
+            inf.stop()
+    assert seen == {"services": ["mine"], "slices": ["mine-1", "other-1"]}

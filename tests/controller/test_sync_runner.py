@@ -202,3 +202,43 @@ def test_detect_local_node_cidr_takes_the_nodes_pod_cidr(cp, api, lab, ns):
     finally:
         ctl.stop()
         maps.close()
+
+
+def test_network_programming_latency_is_one_sample_per_slice_change(lab):
+    """kube-proxy's tracker records the trigger time of every EndpointSlice change of a
+    Service, and a sync observes each: two slices changed before one sync are two samples
+    (and a slice deleted meanwhile drops the Service's pending ones)."""
+    import datetime as dt
+
+    compile_datapath(lab.pin_dir)
+    maps = Maps.open(lab.pin_dir)
+    ctl = Controller(None, maps, ControllerConfig(node_name="lab-node", min_sync_period=3.0, reconcile_period=30.0,
+                                                  healthcheck_servers=False))
+    hist = ctl.metrics.network_programming
+    count = lambda: sum(s.value for s in next(iter(hist.collect())).samples if s.name.endswith("_count"))  # noqa: E731
+    ctl.start()
+    try:
+        wait(ctl.metrics.ready.is_set, 30, "first sync")
+        now = dt.datetime.now(dt.timezone.utc).isoformat()
+        svc = {"metadata": {"namespace": "t", "name": "web"},
+               "spec": {"clusterIPs": ["10.96.77.7"], "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}}
+
+        def slice_(name: str, ip: str) -> dict:
+            return {"metadata": {"namespace": "t", "name": name, "labels": {"kubernetes.io/service-name": "web"},
+                                 "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": now}},
+                    "addressType": "IPv4", "endpoints": [{"addresses": [ip]}],
+                    "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}
+        before = count()
+        ctl.on_service("ADDED", "t/web", svc)
+        ctl.on_slice("ADDED", "t/web-1", slice_("web-1", "10.1.7.1"))
+        ctl.on_slice("ADDED", "t/web-2", slice_("web-2", "10.1.7.2"))   # within min_sync_period: one sync
+        key = ServiceKey("10.96.77.7", 80, 6)
+        wait(lambda: len(programmed(ctl, key)) == 2, 15, "both slices programmed")
+        assert count() - before == 2
+        ctl.on_slice("MODIFIED", "t/web-1", slice_("web-1", "10.1.7.3"))
+        ctl.on_slice("DELETED", "t/web-2", slice_("web-2", "10.1.7.2"))
+        wait(lambda: [str(b) for b in programmed(ctl, key)] == ["10.1.7.3:8080"], 15, "the change programmed")
+        assert count() - before == 2
+    finally:
+        ctl.stop()
+        maps.close()

@@ -1,0 +1,34 @@
+"""The datapath's node configuration (loader/services.py DatapathConfig) from what the
+controller knows of the node and the cluster: a pure function, testable without a kernel."""
+from __future__ import annotations
+
+from typing import Iterable
+
+from kxlb.loader.layout import C
+from kxlb.loader.services import DatapathConfig
+
+MAX_SVC_CIDRS = C["MAX_SVC_CIDRS"]   # per family: the config map's fixed array
+
+
+def datapath_config(node_ips: Iterable[str | None], masquerade_address: str | None, pod_cidrs: Iterable[str],
+                    service_cidrs: Iterable[str], masquerade_all: bool,
+                    src_ports: tuple[int, int] | None) -> tuple[DatapathConfig, list[str]]:
+    """The config, and the service CIDRs it has no room for (the first MAX_SVC_CIDRS of
+    each family, in sorted order, are kept).
+
+    - node_addrs: the node IP of each family (hairpin and local-backend checks);
+    - snat_addrs: what masqueraded flows leave with: the node IP of each family, the
+      --masquerade-address replacing its own family's;
+    - cluster_cidrs: the pods (clients outside them are masqueraded)."""
+    node_addrs = tuple(a for a in node_ips if a)
+    masq = masquerade_address
+    snat = tuple(a for a in node_addrs if not masq or (":" in a) != (":" in masq)) + ((masq,) if masq else ())
+    kept: list[str] = []
+    dropped: list[str] = []
+    cidrs = sorted(set(service_cidrs))
+    for six in (False, True):
+        mine = [c for c in cidrs if (":" in c) == six]
+        kept += mine[:MAX_SVC_CIDRS]
+        dropped += mine[MAX_SVC_CIDRS:]
+    return DatapathConfig(snat_addrs=snat, cluster_cidrs=tuple(pod_cidrs), service_cidrs=tuple(kept),
+                          masquerade_all=masquerade_all, src_ports=src_ports or None, node_addrs=node_addrs), dropped
