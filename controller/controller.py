@@ -18,7 +18,7 @@ from kxlb.loader.layout import FAMILIES, V4, V6
 from kxlb.loader.maps import Maps
 from kxlb.loader.services import DatapathConfig
 
-from .decode import DecodeError
+from .decode import DecodeError, canonical_ip6
 from .dpconfig import MAX_SVC_CIDRS, datapath_config
 from .health import ProxyHealth
 from .healthcheck import HealthCheckServers
@@ -95,6 +95,7 @@ class Controller:
         self._node_ips: tuple[str, ...] = ()
         self._nodeport_selection: dict[int, NodePortSelection] = {}
         self._addresses_read = 0.0             # when the interfaces' addresses were last read
+        self._local_addrs: frozenset[str] | None = None   # what they were (None: not read yet)
         self._node_zone: str | None = None
         self._node_pod_cidrs: tuple[str, ...] = ()
         self._node_ctx: NodeContext | None = None
@@ -174,11 +175,14 @@ class Controller:
         self.health.set_node(None if typ == DELETED else obj)  # /healthz: a node going away drains
         if typ == DELETED:
             return  # keep serving with what we knew (kube-proxy does too)
+        skipped: list[DecodeError] = []
         try:
-            node = decode_node(obj)
+            node = decode_node(obj, skipped)
         except DecodeError as exc:
             self._skip(exc, obj)
             return
+        for exc in skipped:   # an address left out, the others used
+            self._skip(exc, obj)
         with self._lock:
             cidr_changed, self._node_pod_cidrs = node.pod_cidrs != self._node_pod_cidrs, node.pod_cidrs
             if (node.ips, node.zone) == (self._node_ips, self._node_zone):
@@ -213,10 +217,13 @@ class Controller:
         self._nodeport_selection = nodeport_selection(self.config.nodeport_addresses, self._node_ips)
         self._addresses_read = time.monotonic()
         try:
-            addrs = select_nodeport_addresses(self._nodeport_selection, interface_addresses(self.config.netns))
+            local = interface_addresses(self.config.netns)
         except (OSError, KxlbError) as exc:
             log.error("nodePortAddresses: cannot read the node's addresses: %s; NodePorts are not served", exc)
-            addrs = ()
+            local = []
+        else:
+            self._local_addrs = frozenset(canonical_ip6(a) if ":" in a else a for a in local if a)
+        addrs = select_nodeport_addresses(self._nodeport_selection, local)
         return NodeContext(name=self.config.node_name, zone=self._node_zone, nodeport_addresses=addrs,
                            ip=self._node_ip, ip6=self._node_ip6)
 
@@ -427,7 +434,7 @@ class Controller:
                 log.error("masquerade source ports: %s; using the datapath's default range", exc)
                 self._src_ports = ()
         want, dropped = datapath_config((self._node_ip, self._node_ip6), self.config.masquerade_address, local, cidrs,
-                                        self.config.masquerade_all, self._src_ports or None)
+                                        self.config.masquerade_all, self._src_ports or None, self._local_addrs)
         if dropped:
             log.error("service CIDRs %s: the datapath knows %d per family (%s)", ", ".join(dropped), MAX_SVC_CIDRS,
                       ", ".join(want.service_cidrs))

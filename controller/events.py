@@ -2,9 +2,11 @@
 EndpointSlice with a bad address): what `kubectl describe` shows their owners.
 
 Events are best effort and must never hold up programming: ``warn`` is called from the
-informers' handlers under the controller's lock, so it only queues. One thread posts,
+informers' handlers (some under the controller's or the tracker's lock), so it only
+queues. One thread posts,
 each request with a timeout. What client-go's recorder does against spam, here too:
-- one Event per object version (the same bad object seen again at a relist says nothing new);
+- one Event per object version (the same bad object seen again at a relist says nothing new:
+  the last version warned about is remembered);
 - per object, a token bucket of 25 with one more every 5 minutes
   (EventSourceObjectSpamFilter's defaults): an object rewritten in a loop cannot flood etcd;
 - a bounded queue (1,000): when the API server is slow, further Events are dropped and counted.
@@ -48,7 +50,8 @@ class EventRecorder:
         from kubernetes import client as k8s
 
         self.core, self.node, self.clock = k8s.CoreV1Api(api_client), node_name, clock
-        self._objects: OrderedDict[tuple, tuple[set, _Bucket]] = OrderedDict()
+        self._lock = threading.Lock()   # informer threads call warn() at once
+        self._objects: OrderedDict[tuple, tuple[str | None, _Bucket]] = OrderedDict()
         self._queue: queue.Queue = queue.Queue(QUEUE_MAX)
         self.posted = self.dropped = self.failed = 0
         self._thread = threading.Thread(target=self._post_loop, name="events", daemon=True)
@@ -58,23 +61,24 @@ class EventRecorder:
         """Queue a Warning about ``obj``; never blocks."""
         md = obj.get("metadata") or {}
         ident = (kind, md.get("namespace"), md.get("name"))
-        now = self.clock()
-        versions, bucket = self._objects.pop(ident, None) or (set(), _Bucket(now))
-        self._objects[ident] = (versions, bucket)   # most recent last
-        while len(self._objects) > REMEMBERED:
-            self._objects.popitem(last=False)
         version = md.get("resourceVersion")
-        if version in versions:
-            return
-        versions.add(version)
-        if not bucket.take(now):
-            self.dropped += 1
-            log.debug("event about %s %s/%s dropped: more than %d in a row", kind, ident[1], ident[2], BURST)
-            return
+        with self._lock:
+            now = self.clock()
+            last, bucket = self._objects.pop(ident, None) or ("", _Bucket(now))
+            self._objects[ident] = (version, bucket)   # most recent last
+            while len(self._objects) > REMEMBERED:
+                self._objects.popitem(last=False)
+            if version == last:
+                return
+            if not bucket.take(now):
+                self.dropped += 1
+                log.debug("event about %s %s/%s dropped: more than %d in a row", kind, ident[1], ident[2], BURST)
+                return
         try:
             self._queue.put_nowait(self._event(kind, md, reason, message))
         except queue.Full:
-            self.dropped += 1
+            with self._lock:
+                self.dropped += 1
             log.debug("event about %s %s/%s dropped: %d waiting", kind, ident[1], ident[2], QUEUE_MAX)
 
     @property

@@ -175,7 +175,8 @@ def _retry_after(exc: Exception) -> float:
 
 class RetryQueue:
     """The latest failed event of each object, due again after a per-object backoff
-    (client-go's ItemExponentialFailureRateLimiter: base * 2^failures, capped)."""
+    (client-go's ItemExponentialFailureRateLimiter: base * 2^failures, capped). Not
+    thread-safe: the informer holds its delivery lock around every use."""
 
     def __init__(self, base: float = 0.005, cap: float = 300.0, clock: Callable[[], float] = time.monotonic):
         self.base, self.cap, self.clock = base, cap, clock
@@ -193,6 +194,11 @@ class RetryQueue:
 
     def forget(self, key: str) -> None:
         self._items.pop(key, None)
+
+    def holds(self, key: str, obj: dict) -> bool:
+        """Is ``obj`` still the event waiting for ``key``?"""
+        item = self._items.get(key)
+        return item is not None and item[3] is obj
 
     def due(self) -> list[tuple[str, str, dict]]:
         now = self.clock()
@@ -218,7 +224,9 @@ class Informer:
         self.name, self.list_fn, self.handler = name, list_fn, handler
         self.on_handler_error = on_handler_error or (lambda resource, key, exc: None)
         self.retries = RetryQueue()
-        self._deliver_lock = threading.Lock()   # one handler call at a time (retries included)
+        # one handler call at a time, retries included; the retry thread holds it from
+        # "is this still the latest event" to the handler's return (hence reentrant)
+        self._deliver_lock = threading.RLock()
         self._retry_wake = threading.Event()
         self.kwargs = kwargs or {}
         self.timing = timing or WatchTiming()
@@ -268,21 +276,26 @@ class Informer:
             due = self.retries.due()
         taken = 0
         for key, typ, obj in due:
-            with self._deliver_lock:  # a newer event may have replaced or taken it meanwhile
-                current = self.retries._items.get(key)
-                if current is None or current[3] is not obj:
-                    continue
-            taken += self._deliver(typ, key, obj)
+            # Checked and handed over in one hold: a newer event of the object (taken, or
+            # waiting in its place) must not be overtaken by this older one.
+            with self._deliver_lock:
+                if self.retries.holds(key, obj):
+                    taken += self._deliver(typ, key, obj)
         return taken
 
     def _retry_loop(self) -> None:
         while not self._stop.is_set():
-            nxt = self.retries.next_due()
-            wait = None if nxt is None else max(0.0, nxt - time.monotonic())
-            self._retry_wake.wait(wait)
-            self._retry_wake.clear()
-            if not self._stop.is_set():
-                self.retry_due()
+            try:
+                with self._deliver_lock:
+                    nxt = self.retries.next_due()
+                wait = None if nxt is None else max(0.0, nxt - time.monotonic())
+                self._retry_wake.wait(wait)
+                self._retry_wake.clear()
+                if not self._stop.is_set():
+                    self.retry_due()
+            except Exception:   # the retries must outlive any surprise
+                log.exception("%s: retrying failed events", self.name)
+                self._stop.wait(1.0)
 
     def stop(self) -> None:
         self._stop.set()

@@ -2,13 +2,15 @@
 ConfigMap kubeadm and kind create for kube-proxy, so kxlb can replace kube-proxy on a
 node without translating its settings by hand.
 
-Every field kxlb implements is taken; command-line flags override the file, as in
-kube-proxy. A field kxlb cannot honour with a non-default value is a clear error naming
+Every field kxlb implements is taken; as in kube-proxy, the file is then the
+configuration and the flags of those settings are ignored (controller/main.py says which),
+the node name aside. A field kxlb cannot honour with a non-default value is a clear error naming
 it; fields that only tune what kube-proxy's backends need (iptables/ipvs details, Linux
 conntrack sysctls kxlb's own conntrack does not use) are logged and ignored.
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import re
 from dataclasses import dataclass
@@ -87,16 +89,7 @@ def parse(doc: dict) -> FileSettings:
         raise KxlbError(f"--config: mode {mode!r}: kxlb replaces kube-proxy's Linux backends only")
     if mode:
         log.info("--config: mode %s: kxlb's eBPF datapath serves instead", mode)
-    s.nodeport_addresses = doc.get("nodePortAddresses") or None
-    if s.nodeport_addresses is None and mode != "nftables":
-        # What the kube-proxy being replaced did with the field unset: NodePorts on every
-        # local address, and (iptables, localhostNodePorts defaulting to true) on
-        # 127.0.0.0/8; nftables mode defaults to primary, as kxlb does.
-        localhost = mode != "ipvs" and (doc.get("iptables") or {}).get("localhostNodePorts") is not False
-        s.nodeport_addresses = ["all"] + (["127.0.0.0/8"] if localhost else [])
-        log.info("--config: nodePortAddresses unset in mode %s: NodePorts on every local address%s, as kube-proxy "
-                 "(set nodePortAddresses: [primary] for the node IPs only)", mode or "iptables (unset)",
-                 " and 127.0.0.0/8" if localhost else "")
+    s.nodeport_addresses = _nodeport_addresses(doc, mode)
     # kube-proxy's conversion: the sync settings of the backend the mode selects (iptables
     # when unset); masqueradeAll from nftables in nftables mode, else from iptables.
     section = {"nftables": "nftables", "ipvs": "ipvs"}.get(mode, "iptables")
@@ -135,8 +128,36 @@ def parse(doc: dict) -> FileSettings:
     return s
 
 
+def _nodeport_addresses(doc: dict, mode: str) -> list[str] | None:
+    """nodePortAddresses as the kube-proxy being replaced served them. Unset, iptables and
+    ipvs modes served NodePorts on every local address (nftables: primary, as kxlb); and
+    iptables mode (localhostNodePorts, true by default) on 127.0.0.0/8 whenever its IPv4
+    CIDRs hold loopback (ContainsIPv4Loopback), a family without CIDRs counting as all of
+    it: made explicit here, since kxlb, as nftables mode, serves loopback only when asked."""
+    items = doc.get("nodePortAddresses") or None
+    if items is None and mode == "nftables":
+        return None
+    given = items is not None
+    items = list(items) if given else ["all"]
+    if mode in ("", "iptables") and (doc.get("iptables") or {}).get("localhostNodePorts") is not False:
+        v4 = [str(c) for c in items if "." in str(c)] + (["0.0.0.0/0"] if "all" in items else [])
+        if "primary" not in items and not v4:
+            v4 = ["0.0.0.0/0"]
+        try:
+            loopback = any(ipaddress.ip_address("127.0.0.1") in ipaddress.ip_network(c, strict=False) for c in v4)
+        except ValueError:
+            loopback = False   # a bad CIDR: the flag's parser says so, naming it
+        if loopback and "127.0.0.0/8" not in items:
+            items.append("127.0.0.0/8")
+    if not given or items != list(doc.get("nodePortAddresses") or ()):
+        log.info("--config: mode %s: NodePorts on %s, as that kube-proxy served them", mode or "iptables (unset)",
+                 ", ".join(items))
+    return items
+
+
 def merged(flag, file_value, default):
-    """kube-proxy's precedence: a flag given on the command line, then the file, then
+    """A flag given on the command line (one the file format has no field for, or the
+    node name: controller/main.py drops the others beside --config), then the file, then
     the default."""
     if flag is not None:
         return flag

@@ -65,6 +65,16 @@ DEFAULTS = {"min_sync_period": 0.0, "reconcile_period": 30.0, "full_sync_period"
             "conntrack_max_per_core": 32768, "conntrack_min": 131072}   # kube-proxy's conntrack defaults
 
 
+# Settings a KubeProxyConfiguration holds -> its field (DEFAULTS' others are kxlb's own,
+# or the node name, which a flag sets over the file as kube-proxy's --hostname-override).
+FILE_FIELDS = {"min_sync_period": "the mode's minSyncPeriod", "reconcile_period": "the mode's syncPeriod",
+               "metrics_bind_address": "metricsBindAddress", "healthz_bind_address": "healthzBindAddress",
+               "masquerade_all": "masqueradeAll", "nodeport_addresses": "nodePortAddresses",
+               "kubeconfig": "clientConnection.kubeconfig", "cluster_cidr": "clusterCIDR",
+               "detect_local": "detectLocalMode", "conntrack_max_per_core": "conntrack.maxPerCore",
+               "conntrack_min": "conntrack.min"}
+
+
 def conntrack_flows(max_per_core: int, minimum: int, cpus: int | None = None) -> int:
     """kube-proxy's nf_conntrack_max: maxPerCore x CPUs, at least min (maxPerCore 0: min).
     kxlb sizes its own conntrack table with it (loader/mapspec.py conntrack_cflags)."""
@@ -77,7 +87,15 @@ def resolve(a) -> None:
 
     fs = load(a.config) if a.config else FileSettings()
     for name, default in DEFAULTS.items():
-        setattr(a, name, merged(getattr(a, name), getattr(fs, name), default))
+        flag = getattr(a, name)
+        if a.config and flag is not None and name in FILE_FIELDS:
+            # kube-proxy's rule: with --config, the file is the configuration and its
+            # flags are ignored (but --hostname-override, kxlb's --node-name); said here,
+            # where kube-proxy says nothing.
+            log.warning("--%s is ignored with --config, as kube-proxy ignores its flags there: set %s in %s",
+                        name.replace("_", "-"), FILE_FIELDS[name], a.config)
+            flag = None
+        setattr(a, name, merged(flag, getattr(fs, name), default))
     # kube-proxy's GetHostname: the override trimmed and lower-cased (Node names are)
     a.node_name = (a.node_name or "").strip().lower()
     if not a.node_name:
@@ -279,7 +297,8 @@ def register(sub) -> None:
                                    "sync. The datapath keeps working while this process is down or restarting.")
     p.add_argument("--config", metavar="FILE",
                    help="a KubeProxyConfiguration file (kube-proxy's ConfigMap from kubeadm or kind): its fields "
-                        "kxlb implements are used, flags given here override them")
+                        "kxlb implements are used; as kube-proxy, the flags of those settings are then ignored "
+                        "(with a warning), --node-name aside")
     p.add_argument("--node-name", help="this node's name (as in the Node object; or hostnameOverride in --config)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config when run in a pod, "
                                         "else ~/.kube/config)")

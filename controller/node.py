@@ -25,7 +25,7 @@ class NodeInfo:
         return next((a for a in self.ips if (":" in a) == (version == 6)), None)
 
 
-def _addresses(obj: dict, name: str, kind: str) -> list[str]:
+def _addresses(obj: dict, name: str, kind: str, skipped: list[DecodeError] | None) -> list[str]:
     out = []
     for i, a in enumerate((obj.get("status") or {}).get("addresses") or ()):
         if a.get("type") != kind:
@@ -33,19 +33,25 @@ def _addresses(obj: dict, name: str, kind: str) -> list[str]:
         addr = a.get("address")
         addr = canonical_ip6(addr) if isinstance(addr, str) and ":" in addr else addr
         if not is_ip(addr):
-            raise DecodeError("Node", name, f"status.addresses[{i}].address", f"{a.get('address')!r} "
+            err = DecodeError("Node", name, f"status.addresses[{i}].address", f"{a.get('address')!r} "
                               "is not an IP address")
+            if skipped is None:
+                raise err
+            skipped.append(err)   # GetNodeHostIPs skips what it cannot parse
+            continue
         out.append(addr)
     return out
 
 
-def decode_node(obj: dict) -> NodeInfo:
+def decode_node(obj: dict, skipped: list[DecodeError] | None = None) -> NodeInfo:
+    """``skipped``: an address that is not an IP is left out and reported there (as
+    kube-proxy's GetNodeHostIPs skips it), else it is the Node's DecodeError."""
     md = obj.get("metadata") or {}
     name = md.get("name") or ""
     # GetNodeHostIPs: InternalIPs before ExternalIPs; the first is the primary node IP,
     # then the first of the other family. A node with only ExternalIPs still has node IPs
-    # (NodePorts under "primary", the masquerade address).
-    every = _addresses(obj, name, "InternalIP") + _addresses(obj, name, "ExternalIP")
+    # (NodePorts under "primary", the masquerade address if the node holds it).
+    every = _addresses(obj, name, "InternalIP", skipped) + _addresses(obj, name, "ExternalIP", skipped)
     ips = every[:1] + [a for a in every[1:] if (":" in a) != (":" in every[0])][:1]
     spec = obj.get("spec") or {}
     cidrs = spec.get("podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else [])

@@ -79,3 +79,13 @@ def test_the_datapath_config_is_the_node_ips_the_masquerade_address_and_the_cidr
     assert dropped == [f"10.{100 + MAX_SVC_CIDRS}.0.0/16"] and cfg.src_ports == (20000, 29999)
     cfg, dropped = datapath_config((None, None), None, (), (), masquerade_all=True, src_ports=None)
     assert (cfg.snat_addrs, cfg.node_addrs, cfg.masquerade_all, cfg.src_ports, dropped) == ((), (), True, None, [])
+
+
+def test_a_node_ip_the_node_does_not_hold_is_not_a_masquerade_address():
+    """A cloud's ExternalIP NATed to the node is a node IP (GetNodeHostIPs) but replies to
+    it would never reach the node: masqueraded flows leave with addresses it holds."""
+    from kxlb.controller.dpconfig import datapath_config
+
+    cfg, _ = datapath_config(("192.168.0.10", "2001:db8::7"), None, (), (), False, None,
+                             local_addrs=frozenset({"192.168.0.10", "fd00::10"}))
+    assert cfg.snat_addrs == ("192.168.0.10",) and cfg.node_addrs == ("192.168.0.10", "2001:db8::7")

@@ -167,6 +167,12 @@ def test_node_ips_are_kube_proxys_one_per_family_internal_before_external():
     assert ips(("Hostname", "n1")) == ()
     with pytest.raises(DecodeError, match=r"status.addresses\[1\].address"):
         ips(("InternalIP", "10.0.0.1"), ("ExternalIP", "not-an-ip"))
+    # the controller passes a list: the bad address is left out and reported, the rest used
+    skipped: list[DecodeError] = []
+    node = decode_node({"metadata": {"name": "n1"}, "status": {"addresses": [
+        {"type": "InternalIP", "address": "10.0.0.300"}, {"type": "ExternalIP", "address": "203.0.113.7"}]}},
+        skipped)
+    assert node.ips == ("203.0.113.7",) and [e.field for e in skipped] == ["status.addresses[0].address"]
 
 
 def test_ipv6_addresses_come_out_in_one_canonical_form():

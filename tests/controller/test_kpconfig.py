@@ -101,14 +101,21 @@ def test_a_kubeadm_config_gives_every_setting_kxlb_implements(tmp_path):
         (60.0, 0.5, True, ["192.168.0.0/16"])
 
 
-def test_flags_override_the_file(tmp_path):
+def test_with_a_config_file_its_flags_are_ignored_as_kube_proxys_but_the_node_name(tmp_path, caplog):
+    """kube-proxy: with --config the file is the configuration (its flags are ignored,
+    --hostname-override aside); kxlb says which flags it ignored. kxlb's own flags (not in
+    the file format) apply."""
     f = tmp_path / "config.conf"
     f.write_text(KUBEADM)
     a = args("--config", str(f), "--node-name", "node-b", "--reconcile-period", "5", "--cluster-cidr", "10.0.0.0/8",
-             "--healthz-bind-address", "127.0.0.1:20256")
-    resolve(a)
-    assert (a.node_name, a.reconcile_period, a.cluster_cidr, a.healthz_bind_address, a.min_sync_period) == \
-        ("node-b", 5.0, "10.0.0.0/8", "127.0.0.1:20256", 0.5)
+             "--healthz-bind-address", "127.0.0.1:20256", "--full-sync-period", "60")
+    with caplog.at_level("WARNING"):
+        resolve(a)
+    assert (a.node_name, a.reconcile_period, a.cluster_cidr, a.healthz_bind_address, a.min_sync_period,
+            a.full_sync_period) == ("node-b", 60.0, "10.244.0.0/16", "0.0.0.0:10256", 0.5, 60.0)
+    said = sorted(r.getMessage().split(" is ignored")[0] for r in caplog.records if "is ignored with --config" in
+                  r.getMessage())
+    assert said == ["--cluster-cidr", "--healthz-bind-address", "--reconcile-period"]
 
 
 @pytest.mark.parametrize("change, message", [
@@ -168,10 +175,17 @@ def test_cidr_flags_take_one_cidr_per_family_and_name_the_flag_on_errors():
     ("", "", ["all", "127.0.0.0/8"]),
     ("iptables", "iptables:\n  localhostNodePorts: false\n", ["all"]),
     ("ipvs", "", ["all"]),
-    ("nftables", "", [])])
+    ("nftables", "", []),
+    ("iptables", "nodePortAddresses: [0.0.0.0/0]\n", ["0.0.0.0/0", "127.0.0.0/8"]),
+    ("iptables", "nodePortAddresses: [fd00::/64]\n", ["fd00::/64", "127.0.0.0/8"]),   # IPv4: every address
+    ("iptables", "nodePortAddresses: [192.168.0.0/16]\n", ["192.168.0.0/16"]),
+    ("", "nodePortAddresses: [primary]\n", ["primary"]),
+    ("nftables", "nodePortAddresses: [0.0.0.0/0]\n", ["0.0.0.0/0"])])
 def test_unset_node_port_addresses_are_what_the_replaced_kube_proxy_served(tmp_path, mode, extra, want):
     """iptables mode with nodePortAddresses unset serves NodePorts on every local address
-    and 127.0.0.0/8 (localhostNodePorts); nftables mode defaults to primary, as kxlb."""
+    and 127.0.0.0/8 (localhostNodePorts), and on 127.0.0.0/8 whenever its IPv4 CIDRs hold
+    loopback; nftables mode defaults to primary, as kxlb, and serves loopback only when a
+    CIDR aims at it."""
     f = tmp_path / "config.conf"
     f.write_text(f"apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
                  f"hostnameOverride: n\nmode: \"{mode}\"\n{extra}")
@@ -195,9 +209,12 @@ def test_kxlb_conntrack_is_sized_as_kube_proxy_sizes_nf_conntrack_max(tmp_path):
     a = args("--config", str(f))
     resolve(a)
     assert conntrack_flows(a.conntrack_max_per_core, a.conntrack_min, cpus=4) == 16384
-    a = args("--config", str(f), "--conntrack-min", "100000")
+    a = args("--config", str(f), "--conntrack-min", "100000")   # ignored beside --config, as kube-proxy
     resolve(a)
-    assert conntrack_flows(a.conntrack_max_per_core, a.conntrack_min, cpus=4) == 100000
+    assert conntrack_flows(a.conntrack_max_per_core, a.conntrack_min, cpus=4) == 16384
+    a = args("--conntrack-min", "100000", "--node-name", "n1")
+    resolve(a)
+    assert conntrack_flows(a.conntrack_max_per_core, a.conntrack_min, cpus=1) == 100000
     a = args("--node-name", "n1")
     resolve(a)
     assert conntrack_flows(a.conntrack_max_per_core, a.conntrack_min, cpus=8) == 262144
