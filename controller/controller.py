@@ -96,6 +96,7 @@ class Controller:
         self._nodeport_selection: dict[int, NodePortSelection] = {}
         self._addresses_read = 0.0             # when the interfaces' addresses were last read
         self._local_addrs: frozenset[str] | None = None   # what they were (None: not read yet)
+        self._node_external: frozenset[str] = frozenset()  # node IPs taken from ExternalIPs
         self._node_zone: str | None = None
         self._node_pod_cidrs: tuple[str, ...] = ()
         self._node_ctx: NodeContext | None = None
@@ -185,12 +186,12 @@ class Controller:
             self._skip(exc, obj)
         with self._lock:
             cidr_changed, self._node_pod_cidrs = node.pod_cidrs != self._node_pod_cidrs, node.pod_cidrs
-            if (node.ips, node.zone) == (self._node_ips, self._node_zone):
+            if (node.ips, node.zone, node.external) == (self._node_ips, self._node_zone, self._node_external):
                 if cidr_changed and self.config.detect_local_node_cidr:
                     self._queued()  # the datapath config follows in the next sync
                 return
             log.info("node %s: node IPs %s, zone %s", node.name, ", ".join(node.ips) or "(none)", node.zone)
-            self._node_ips, self._node_zone = node.ips, node.zone
+            self._node_ips, self._node_zone, self._node_external = node.ips, node.zone, node.external
             self._node_ip, self._node_ip6 = node.first_ip(4), node.first_ip(6)
             self._node_dirty = True  # NodePort addresses and topology: every service again
         self._queued()
@@ -434,7 +435,8 @@ class Controller:
                 log.error("masquerade source ports: %s; using the datapath's default range", exc)
                 self._src_ports = ()
         want, dropped = datapath_config((self._node_ip, self._node_ip6), self.config.masquerade_address, local, cidrs,
-                                        self.config.masquerade_all, self._src_ports or None, self._local_addrs)
+                                        self.config.masquerade_all, self._src_ports or None,
+                                        self._node_external - (self._local_addrs or frozenset()))
         if dropped:
             log.error("service CIDRs %s: the datapath knows %d per family (%s)", ", ".join(dropped), MAX_SVC_CIDRS,
                       ", ".join(want.service_cidrs))

@@ -12,18 +12,19 @@ MAX_SVC_CIDRS = C["MAX_SVC_CIDRS"]   # per family: the config map's fixed array
 
 def datapath_config(node_ips: Iterable[str | None], masquerade_address: str | None, pod_cidrs: Iterable[str],
                     service_cidrs: Iterable[str], masquerade_all: bool, src_ports: tuple[int, int] | None,
-                    local_addrs: frozenset[str] | None = None) -> tuple[DatapathConfig, list[str]]:
+                    not_held: frozenset[str] = frozenset()) -> tuple[DatapathConfig, list[str]]:
     """The config, and the service CIDRs it has no room for (the first MAX_SVC_CIDRS of
     each family, in sorted order, are kept).
 
     - node_addrs: the node IP of each family (hairpin and local-backend checks);
-    - snat_addrs: what masqueraded flows leave with: the node IP of each family if the
-      node holds it (``local_addrs``, when known: an ExternalIP a cloud NATs to the node
-      would send replies nowhere), the --masquerade-address replacing its own family's;
+    - snat_addrs: what masqueraded flows leave with: the node IP of each family, but
+      ``not_held`` (node IPs taken from an ExternalIP that no interface of the node holds:
+      a cloud's NAT address would send replies nowhere), the --masquerade-address
+      replacing its own family's;
     - cluster_cidrs: the pods (clients outside them are masqueraded)."""
     node_addrs = tuple(a for a in node_ips if a)
     masq = masquerade_address
-    own = tuple(a for a in node_addrs if local_addrs is None or a in local_addrs)
+    own = tuple(a for a in node_addrs if a not in not_held)
     snat = tuple(a for a in own if not masq or (":" in a) != (":" in masq)) + ((masq,) if masq else ())
     kept: list[str] = []
     dropped: list[str] = []

@@ -19,6 +19,7 @@ class NodeInfo:
     ips: tuple[str, ...]       # node IPs: the primary one, then the other family's (GetNodeHostIPs)
     zone: str | None
     pod_cidrs: tuple[str, ...] = ()  # spec.podCIDRs, one per family (detect-local NodeCIDR)
+    external: frozenset[str] = frozenset()   # node IPs that are ExternalIPs (no InternalIP of the family)
 
     def first_ip(self, version: int) -> str | None:
         """The node IP of a family (kube-proxy's node IP of that family's proxier)."""
@@ -51,7 +52,8 @@ def decode_node(obj: dict, skipped: list[DecodeError] | None = None) -> NodeInfo
     # GetNodeHostIPs: InternalIPs before ExternalIPs; the first is the primary node IP,
     # then the first of the other family. A node with only ExternalIPs still has node IPs
     # (NodePorts under "primary", the masquerade address if the node holds it).
-    every = _addresses(obj, name, "InternalIP", skipped) + _addresses(obj, name, "ExternalIP", skipped)
+    internal = _addresses(obj, name, "InternalIP", skipped)
+    every = internal + _addresses(obj, name, "ExternalIP", skipped)
     ips = every[:1] + [a for a in every[1:] if (":" in a) != (":" in every[0])][:1]
     spec = obj.get("spec") or {}
     cidrs = spec.get("podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else [])
@@ -61,7 +63,7 @@ def decode_node(obj: dict, skipped: list[DecodeError] | None = None) -> NodeInfo
         if c:
             pod_cidrs.append(c)
     return NodeInfo(name=name, ips=tuple(ips), zone=(md.get("labels") or {}).get(ZONE_LABEL),
-                    pod_cidrs=tuple(pod_cidrs))
+                    pod_cidrs=tuple(pod_cidrs), external=frozenset(a for a in ips if a not in internal))
 
 
 def parse_cidrs(items: list[str], flag: str) -> list[str]:

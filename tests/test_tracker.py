@@ -87,5 +87,5 @@ def test_a_node_ip_the_node_does_not_hold_is_not_a_masquerade_address():
     from kxlb.controller.dpconfig import datapath_config
 
     cfg, _ = datapath_config(("192.168.0.10", "2001:db8::7"), None, (), (), False, None,
-                             local_addrs=frozenset({"192.168.0.10", "fd00::10"}))
+                             not_held=frozenset({"2001:db8::7"}))
     assert cfg.snat_addrs == ("192.168.0.10",) and cfg.node_addrs == ("192.168.0.10", "2001:db8::7")

@@ -163,6 +163,9 @@ def test_node_ips_are_kube_proxys_one_per_family_internal_before_external():
     assert ips(("InternalIP", "10.0.0.1"), ("InternalIP", "10.0.0.2"), ("InternalIP", "fd00::1"),
                ("InternalIP", "fd00::2")) == ("10.0.0.1", "fd00::1")
     assert ips(("ExternalIP", "203.0.113.7"), ("InternalIP", "fd00::1")) == ("fd00::1", "203.0.113.7")
+    assert decode_node({"metadata": {"name": "n1"}, "status": {"addresses": [
+        {"type": "ExternalIP", "address": "203.0.113.7"}, {"type": "InternalIP", "address": "fd00::1"}]}}).external \
+        == frozenset({"203.0.113.7"})
     assert ips(("ExternalIP", "203.0.113.7"), ("Hostname", "n1")) == ("203.0.113.7",)
     assert ips(("Hostname", "n1")) == ()
     with pytest.raises(DecodeError, match=r"status.addresses\[1\].address"):
