@@ -15,6 +15,7 @@ import urllib.parse
 
 import pytest
 
+from conftest import make_service, put_slice   # at import: a later conftest takes the name
 from kxlb.controller.informer import Backoff, Informer, WatchTiming, object_key
 
 
@@ -420,7 +421,6 @@ def test_watch_list_hands_each_initial_object_over_as_it_arrives(fake):
 def test_the_controllers_selectors_are_kube_proxys(api, ns):
     """Services: not another proxy's, not headless (by field: never sent); EndpointSlices:
     not a headless Service's, whatever their proxy-name label (kube-proxy's informers)."""
-    from conftest import make_service, put_slice
     from kubernetes import client
 
     from kxlb.controller.controller import SERVICE_SELECTOR, SLICE_SELECTOR
