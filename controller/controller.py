@@ -106,7 +106,7 @@ class Controller:
         self._node_dirty = False
         self._force_full = True          # the first sync, and the one after a failure
         self._last_queued = 0.0
-        self._health_checks: dict[str, tuple[int, int]] = {}   # over every Service's fragment
+        self._health_checks: dict[tuple[str, str], tuple[int, int]] = {}   # over every Service's fragment
         self._udp_serving: dict = {}
         self._no_local: Counter = Counter({"internal": 0, "external": 0})
         self._service_state_changed = True
@@ -228,17 +228,17 @@ class Controller:
         return NodeContext(name=self.config.node_name, zone=self._node_zone, nodeport_addresses=addrs,
                            ip=self._node_ip, ip6=self._node_ip6)
 
-    def _addresses_changed(self) -> bool:
+    def _addresses_changed(self) -> NodeContext | None:
         """The node's addresses are read again once a reconcile period (kube-proxy reads
         them every sync): an address added to or removed from an interface moves the
-        NodePorts with it (a full sync)."""
+        NodePorts with it. The new context when they moved (a full sync follows), else None."""
         if self._node_ctx is None or time.monotonic() - self._addresses_read < self.config.reconcile_period:
-            return False
+            return None
         now = self.node_context()
         if now == self._node_ctx:
-            return False
+            return None
         log.info("node addresses changed: NodePorts now on %s", ", ".join(now.nodeport_addresses) or "(none)")
-        return True
+        return now
 
     def _skip(self, exc: DecodeError, obj: dict) -> None:
         log.error("skipping %s", exc)
@@ -316,10 +316,10 @@ class Controller:
         with self._lock:
             if self._node_dirty:
                 full, self._node_dirty = True, False
-        if not full and self._addresses_changed():
-            full = True
+        moved = None if full else self._addresses_changed()   # read: not read again below
+        full = full or moved is not None
         work, triggers = self.tracker.checkout(full, also=self.fragments)
-        node = self._node_ctx = self.node_context() if full or self._node_ctx is None else self._node_ctx
+        node = self._node_ctx = moved or (self.node_context() if full or self._node_ctx is None else self._node_ctx)
         if full:
             self._service_state_changed = True  # listen addresses may have changed too
         desired: dict = {}

@@ -44,6 +44,14 @@ class DecodeError(ValueError):
         self.kind, self.obj_id, self.field = kind, obj_id, field
 
 
+def leave_out(err: DecodeError, skipped: list[DecodeError] | None) -> None:
+    """An entry kube-proxy would ignore: reported in ``skipped`` by a caller that keeps
+    the rest of the object, else the whole object's error."""
+    if skipped is None:
+        raise err
+    skipped.append(err)
+
+
 def _id(obj: dict) -> str:
     md = obj.get("metadata") or {}
     return f"{md.get('namespace', '')}/{md.get('name', '')}"
@@ -175,11 +183,6 @@ def decode_slice(obj: dict, skipped: list[DecodeError] | None = None) -> Endpoin
     (the wrong type where a list or object belongs) is always the whole slice's error, as
     kube-proxy's typed decoding fails on it."""
     oid = _id(obj)
-
-    def bad(err: DecodeError) -> None:
-        if skipped is None:
-            raise err
-        skipped.append(err)
     md = obj.get("metadata") or {}
     service = (md.get("labels") or {}).get(SERVICE_NAME_LABEL)
     if not service:
@@ -201,14 +204,14 @@ def decode_slice(obj: dict, skipped: list[DecodeError] | None = None) -> Endpoin
                 # kube-proxy parses sloppily: "010.0.0.1" (stored before Go got strict) is 10.0.0.1
                 addr = ipv4_sloppy(addr) if isinstance(addr, str) else None
                 if addr is None:
-                    bad(DecodeError("EndpointSlice", oid, f"endpoints[{i}].addresses[0]",
-                                    f"{addrs[0]!r} is not an IPv4 address"))
+                    leave_out(DecodeError("EndpointSlice", oid, f"endpoints[{i}].addresses[0]",
+                                          f"{addrs[0]!r} is not an IPv4 address"), skipped)
                     continue
         elif v6:
             addr = canonical_ip6(addr)
             if addr is None or "." in addr:   # an IPv4-mapped address is not an IPv6 endpoint
-                bad(DecodeError("EndpointSlice", oid, f"endpoints[{i}].addresses[0]",
-                                f"{addrs[0]!r} is not an IPv6 address"))
+                leave_out(DecodeError("EndpointSlice", oid, f"endpoints[{i}].addresses[0]",
+                                      f"{addrs[0]!r} is not an IPv6 address"), skipped)
                 continue
         cond = ep.get("conditions")
         if cond:  # absent ready/serving mean true, absent terminating false (as kube-proxy)
@@ -227,7 +230,7 @@ def decode_slice(obj: dict, skipped: list[DecodeError] | None = None) -> Endpoin
         try:
             port = _port(p.get("port"), "EndpointSlice", oid, f"ports[{i}].port", optional=True)
         except DecodeError as err:   # kube-proxy: "Ignoring invalid endpoint port"
-            bad(err)
+            leave_out(err, skipped)
             continue
         ports.append(SlicePort(name=p.get("name"), port=port, protocol=p.get("protocol") or "TCP"))
     return EndpointSlice(namespace=md.get("namespace", ""), name=md["name"], service=service,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from kxlb.loader.errors import KxlbError
 
-from .decode import DecodeError, canonical_ip6, is_ip
+from .decode import DecodeError, canonical_ip6, is_ip, leave_out
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 
@@ -34,11 +34,9 @@ def _addresses(obj: dict, name: str, kind: str, skipped: list[DecodeError] | Non
         addr = a.get("address")
         addr = canonical_ip6(addr) if isinstance(addr, str) and ":" in addr else addr
         if not is_ip(addr):
-            err = DecodeError("Node", name, f"status.addresses[{i}].address", f"{a.get('address')!r} "
-                              "is not an IP address")
-            if skipped is None:
-                raise err
-            skipped.append(err)   # GetNodeHostIPs skips what it cannot parse
+            # GetNodeHostIPs skips what it cannot parse
+            leave_out(DecodeError("Node", name, f"status.addresses[{i}].address",
+                                  f"{a.get('address')!r} is not an IP address"), skipped)
             continue
         out.append(addr)
     return out

@@ -79,13 +79,6 @@ def table_size(n: int, max_size: int = DEFAULT_TABLE_SIZE) -> int:
     return max_size if n < max_size else MAX_TABLE
 
 
-def check_set(label: str, what: str, n: int, max_size: int = MAX_TABLE) -> None:
-    """A set of ``n`` backends fits a Maglev table (M > N; the largest is MAX_TABLE)."""
-    if n > 1 and n >= MAX_TABLE:
-        raise KxlbError(f"service {label}: {n} {what} need a Maglev table larger than {MAX_TABLE} entries, "
-                        f"the largest a u16 table size holds")
-
-
 def identity(b: Backend) -> bytes:
     """What a backend's place in a table derives from: its address and port as the
     datapath stores them (network order), nothing a node could see differently."""

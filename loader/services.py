@@ -561,9 +561,7 @@ class ServiceTable:
                 f"frontend {fe} is already served by {owner}" for fe, owner in taken), [fe for fe, _ in taken])
 
     def _prepare(self, spec: LbService) -> LbService:
-        spec.validate(MAX_PER_SVC)
-        maglev.check_set(spec.label, "backends", len(spec.cluster), self.maglev_max)
-        maglev.check_set(spec.label, "local backends", len(spec.local), self.maglev_max)
+        spec.validate(MAX_PER_SVC)   # a set that fits it fits a Maglev table (maglev.table_size)
         self.states  # load the record
         return spec.canonical()
 

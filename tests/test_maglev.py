@@ -16,7 +16,7 @@ from harness import clean_table, IP, TCP, eth, flips_done, start_flipper
 from kxlb.loader import maglev
 from kxlb.loader.errors import KxlbError
 from kxlb.loader.layout import C, Backend, MaglevKey, ServiceKey
-from kxlb.loader.services import ServiceTable
+from kxlb.loader.services import MAX_PER_SVC, ServiceTable
 from kxlb.loader.svcspec import LbService
 
 
@@ -83,8 +83,10 @@ def test_table_sizes():
         [251, 251, 1021, 1021, 16381, 16381, 16381]
     assert maglev.table_size(300, max_size=1021) == 1021
     assert maglev.table_size(5000, max_size=65521) == 65521
-    # a set the largest table cannot hold gets the largest a u16 holds, not no service
+    # a set the largest table cannot hold gets the largest a u16 holds, not no service;
+    # every set the maps take (LbService.validate) fits it (M > N)
     assert maglev.table_size(1021, max_size=1021) == maglev.table_size(20000) == 65521
+    assert MAX_PER_SVC < maglev.MAX_TABLE == maglev.table_size(MAX_PER_SVC, max_size=251)
     for m in maglev.TABLE_LADDER:
         assert maglev.is_prime(m)
 
