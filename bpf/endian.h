@@ -12,4 +12,17 @@
 #endif
 #define bpf_ntohs(x) bpf_htons(x)
 
+/* A 16-bit length field of a header in host order, for pointer arithmetic on the packet.
+ * Older verifiers (Debian 12's 6.1 among them) lose a register's bounds through
+ * a byte swap and then refuse to add it to a packet pointer ("math between pkt pointer and
+ * register with unbounded min value"); the mask bounds it again. Clang knows a swapped u16
+ * needs no mask and would drop it: the empty asm hides the value from it first. */
+static __always_inline __u32 kx_ntohs_len(__u16 wire)
+{
+	__u32 v = bpf_ntohs(wire);
+
+	asm volatile("" : "+r"(v));
+	return v & 0xffff;
+}
+
 #endif

@@ -192,7 +192,7 @@ static __always_inline int icmp_error_nat(void *data, void *data_end, const stru
 		return 0;
 	if ((void *)(ip + 1) > data_end)
 		return 0;
-	end = (void *)ip + bpf_ntohs(ip->tot_len);
+	end = (void *)ip + kx_ntohs_len(ip->tot_len);
 	ih = (void *)ip + ip->ihl * 4;
 	in = (void *)(ih + 1);
 	if ((void *)(in + 1) > data_end || (void *)(in + 1) > end || in->ihl < 5)

@@ -185,7 +185,7 @@ static __always_inline int icmp_error_nat6(void *data, void *data_end, const str
 		return 0;
 	if ((void *)(ip6 + 1) > data_end)
 		return 0;
-	void *end = (void *)(ip6 + 1) + bpf_ntohs(ip6->payload_len);
+	void *end = (void *)(ip6 + 1) + kx_ntohs_len(ip6->payload_len);
 	__u16 *ih = data + l4_off;               /* type, code, checksum, 4 bytes */
 	struct ipv6hdr *in = (void *)(ih + 4);
 	if ((void *)(in + 1) > data_end || (void *)(in + 1) > end)

@@ -100,7 +100,7 @@ static __always_inline int parse_ip(void *data, void *data_end, __u32 len, struc
 	if (ip->version != 4 || ip->ihl < 5)
 		return PARSE_MALFORMED;
 	ihl_bytes = ip->ihl * 4;
-	tot_len = bpf_ntohs(ip->tot_len);
+	tot_len = kx_ntohs_len(ip->tot_len);
 	/* The IP header (options included) must be all there, and the datagram must not
 	 * claim more bytes than arrived (trailing Ethernet padding is fine). */
 	if ((void *)ip + ihl_bytes > data_end || tot_len < ihl_bytes || tot_len > len - ETH_HLEN_)

@@ -87,7 +87,7 @@ static __always_inline int parse_ip6(void *data, void *data_end, __u32 len, stru
 		return PARSE_MALFORMED;
 	if (ip6->version != 6)
 		return PARSE_MALFORMED;
-	plen = bpf_ntohs(ip6->payload_len);
+	plen = kx_ntohs_len(ip6->payload_len);
 	if (plen == 0 || plen > len - ETH_HLEN_ - IP6_HLEN_)
 		return PARSE_MALFORMED;
 
