@@ -7,7 +7,11 @@ ROOT=$PWD
 VENV=${KXLB_VENV:-$ROOT/.venv}
 
 log() { printf 'setup: %s\n' "$*" >&2; }
-[ "$(id -u)" = 0 ] || { echo "setup: must run as root (BPF, netns and apt need it)" >&2; exit 1; }
+# Root for apt, bpffs and the kernel headers' links: a user with sudo gets it here.
+if [ "$(id -u)" != 0 ]; then
+  command -v sudo >/dev/null || { echo "setup: run as root (apt, bpffs, BPF and network namespaces need it); there is no sudo here" >&2; exit 1; }
+  exec sudo --preserve-env=KXLB_VENV,KXLB_CACHE,KXLB_SKIP_K8S,KXLB_PIP_EXTRAS,KXLB_GO,GOPROXY,PIP_INDEX_URL,PIP_CERT,SSL_CERT_FILE bash "$0" "$@"
+fi
 
 # --- 1. Debian packages -------------------------------------------------------------
 APT_PKGS=(bpfcc-tools python3-bpfcc libbpfcc bpftool clang llvm linux-headers-amd64
@@ -28,6 +32,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# The Vagrant box (lab/vagrant.py) runs this step alone in a minimal Debian being built.
+[ "${KXLB_SETUP_ONLY:-}" != packages ] || exit 0
 
 # --- 2. Kernel headers for BCC --------------------------------------------------------
 # BCC compiles against /lib/modules/$(uname -r)/build. This kernel ships no headers, so
@@ -55,19 +62,28 @@ fi
 # is made from that interpreter. It stays isolated from Debian's dist-packages except
 # for bcc itself, which is linked in.
 stamp="$VENV/.kxlb-setup-stamp"
-want=$(cat pyproject.toml setup.py loader/_maglev.c | sha256sum | cut -c1-16)  # the C extension is built by pip
+# KXLB_PIP_EXTRAS: the extras of pyproject.toml to install (the Vagrant VM leaves out bench).
+EXTRAS=${KXLB_PIP_EXTRAS:-lab,test,bench}
+want=$( (cat pyproject.toml setup.py loader/_maglev.c; echo "$EXTRAS") | sha256sum | cut -c1-16)  # the C extension is built by pip
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   [ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv "$VENV"
   site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   ln -sfn /usr/lib/python3/dist-packages/bcc "$site/bcc"
   "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
-  "$VENV/bin/python" -m pip install -q -e ".[lab,test,bench]"   # lab: the development lab's dependencies (pyproject.toml)
+  "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]"   # lab: the development lab's dependencies (pyproject.toml)
   echo "$want" > "$stamp"
   log "venv ready: $VENV"
 fi
 "$VENV/bin/python" -c 'import bcc, pyroute2, scapy, kxlb.loader._maglev' || { echo "setup: venv import check failed" >&2; exit 1; }
 
-# --- 5. Kubernetes lab binaries ------------------------------------------------------------
+# --- 5. Go -------------------------------------------------------------------------------
+# The lab's binaries are built from Go modules with the Go of lab/k8s/go.mod: the machine's
+# if new enough, else the pinned toolchain from the Go module proxy, hash-checked, into
+# /var/cache/kxlb/go (a fresh Debian has none, or 1.19).
+GO=$(/usr/bin/python3 scripts/go_toolchain.py) || exit 1
+export KXLB_GO=$GO
+
+# --- 6. Kubernetes lab binaries ------------------------------------------------------------
 # Built once from Go modules into a version-keyed cache outside the checkout (about 11
 # minutes cold on 2 cores; instant afterwards). See lab/k8s/build.sh.
 if [ "${KXLB_SKIP_K8S:-}" != 1 ]; then
