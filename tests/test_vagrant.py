@@ -44,8 +44,18 @@ def test_vagrantfile_names_what_the_box_recipe_and_the_host_network_make():
     assert {"rsync", "sudo"} <= set(lab_vagrant.BOX_PACKAGES)
     assert 'synced_folder ".", "/vagrant", disabled: true' in text
     assert f"make -C {lab_vagrant.VM_PROJECT} setup" in text
-    for test in lab_vagrant.VM_TESTS:
-        assert (ROOT / test).is_file(), test
+    assert f'config.vm.define "{lab_vagrant.VM_NAME}"' in text and 'lv.default_prefix = ""' in text
+
+
+def test_the_vms_tests_are_tests_of_the_suite():
+    """Every node id the VM runs names a test the suite collects (a rename would make the VM
+    run nothing of it, and pytest would stop with "not found")."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                        *lab_vagrant.VM_TESTS], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    collected = [l for l in r.stdout.splitlines() if "::" in l]
+    assert sum(1 for t in lab_vagrant.VM_TESTS if "::" in t) <= len(collected)
+    assert any(l.startswith("tests/test_prog_run.py::") for l in collected)
 
 
 def test_the_vm_is_never_bridged_or_natted_on_the_host():
