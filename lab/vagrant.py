@@ -81,6 +81,7 @@ VM_TESTS = ("tests/test_prog_run.py",
             NETNS + "test_injected_frame_arrives_rewritten_at_the_backend[tc]",
             NETNS + "test_injected_frame_arrives_rewritten_at_the_backend[xdp]",
             NETNS + "test_ipv6_tcp_and_udp_reach_every_backend_and_replies_come_from_the_vip[tc]")
+VM_TEST_TIMEOUT = 1800              # s per test in the VM (pytest-timeout; the suite's is 300)
 VM_PROJECT = "/kxlb"
 VM_NAME = "kxlb-lab"                # the libvirt domain (Vagrantfile: default_prefix "" + define)
 
@@ -515,8 +516,10 @@ def _run_tests(log: Callable[[str], None], keep: bool) -> int:
         t = time.monotonic()
         junit = "/tmp/kxlb-vm-junit.xml"
         tests = " ".join(f"'{t}'" for t in VM_TESTS)
+        # The suite's 300 s per test guards against hangs at native speed; under TCG a compile
+        # alone takes 2-5 minutes (more while the host is busy), so the VM's guard is longer.
         r = vm.ssh(f"cd {VM_PROJECT} && sudo .venv/bin/python -m pytest -p no:cacheprovider -q -ra "
-                   f"--junitxml={junit} {tests}", what="the datapath tests in the VM",
+                   f"-o timeout={VM_TEST_TIMEOUT} --junitxml={junit} {tests}", what="the datapath tests in the VM",
                    log="pytest.log", check=False)
         times["tests"] = time.monotonic() - t
         xml = vm.ssh(f"cat {junit}", what="the tests' results", check=False).stdout
