@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .imagebuild import DEBIAN_SOURCES, DEBIAN_SUITE
+from .imagebuild import CA_BUNDLE, DEBIAN_SOURCES, DEBIAN_SUITE
 
 REPO = Path(__file__).resolve().parent.parent
 VAGRANT_DIR = REPO / "vagrant"
@@ -288,9 +288,6 @@ def _flock(path: Path) -> Iterator[None]:
 
 # -- vagrant's view of the box -----------------------------------------------------------------
 
-CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
-
-
 def vagrant_env() -> dict:
     env = {**os.environ, "VAGRANT_DEFAULT_PROVIDER": "libvirt", "VAGRANT_CHECKPOINT_DISABLE": "1"}
     if CA_BUNDLE.exists():   # the set-up in the VM trusts what this host trusts (Vagrantfile)
@@ -398,6 +395,13 @@ class Host:
                     time.sleep(0.1)
                 marker.unlink()
                 self.log(f"host: stopped {daemon}")
+
+    def prepare(self, box: Box) -> None:
+        """Everything `vagrant up` needs on the host: daemons, network, no stale VM, the box."""
+        self.start_daemons()
+        self.network_up()
+        self.remove_leftover_vm()
+        add_box(box, self.virsh)
 
     def remove_leftover_vm(self) -> None:
         """A VM a crashed run left (its .vagrant state may be gone with its checkout): the
@@ -524,11 +528,8 @@ def _run_tests(log: Callable[[str], None], keep: bool) -> int:
         box = BoxBuild(log=log).ensure()
         times["box"] = time.monotonic() - t
         log(f"box: {box.path} ({'built' if box.built else 'cached'}, {times['box']:.0f}s)")
-        host.start_daemons()
-        host.network_up()
-        host.remove_leftover_vm()
         t = time.monotonic()
-        add_box(box, host.virsh)
+        host.prepare(box)
         times["box add"] = time.monotonic() - t
         log("vm: vagrant up (set-up inside: scripts/setup.sh as the vagrant user, through sudo)")
         times["up"] = vm.up()
@@ -589,11 +590,7 @@ def main(argv: list[str] | None = None) -> int:
         elif a.cmd == "test":
             return run_tests(log, keep=a.keep)
         elif a.cmd == "up":
-            host = Host(log)
-            box = BoxBuild(log=log).ensure()
-            host.start_daemons()
-            host.network_up()
-            add_box(box, host.virsh)
+            Host(log).prepare(BoxBuild(log=log).ensure())
             VM(log).up()
         elif a.cmd == "down":
             host = Host(log)
