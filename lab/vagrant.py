@@ -479,16 +479,31 @@ class Results:
     failures: int
     errors: int
     skipped: int
+    # "test id: first line of the failure" for each case that failed, errored or was skipped,
+    # so that CI's output says which one without the VM's log (it goes with the clone).
+    not_passed: tuple[str, ...] = ()
 
     @classmethod
     def from_junit(cls, xml: str) -> "Results":
         root = ET.fromstring(xml)
         suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
         total = lambda a: sum(int(s.get(a, 0)) for s in suites)
-        return cls(total("tests"), total("failures"), total("errors"), total("skipped"))
+        not_passed = []
+        for case in root.iter("testcase"):
+            for outcome in ("failure", "error", "skipped"):
+                el = case.find(outcome)
+                if el is not None:
+                    first = (el.get("message") or el.text or "").strip().splitlines()[:1]
+                    not_passed.append(f"{case.get('classname')}::{case.get('name')} ({outcome}): "
+                                      f"{first[0][:300] if first else ''}")
+        return cls(total("tests"), total("failures"), total("errors"), total("skipped"), tuple(not_passed))
 
     def ok(self) -> bool:
         return self.tests > 0 and not (self.failures or self.errors or self.skipped)
+
+    def summary(self) -> str:
+        return (f"{self.tests} tests, {self.failures} failed, {self.errors} errors, "
+                f"{self.skipped} skipped")
 
 
 def run_tests(log: Callable[[str], None] = print, keep: bool = False) -> int:
@@ -547,7 +562,10 @@ def _run_tests(log: Callable[[str], None], keep: bool) -> int:
         if xml.strip().startswith("<?xml") or xml.strip().startswith("<testsuite"):
             results = Results.from_junit(xml)
             (vm.logs / "junit.xml").write_text(xml)
-        log(f"vm: tests in {times['tests']:.0f}s: {results} (log {vm.logs / 'pytest.log'})")
+        log(f"vm: tests in {times['tests']:.0f}s: {results.summary() if results else 'no results'} "
+            f"(log {vm.logs / 'pytest.log'})")
+        for line in results.not_passed if results else ():
+            log(f"vm: not passed: {line}")
         t = time.monotonic()
         demo = vm.ssh(f"cd {VM_PROJECT} && sudo .venv/bin/kxlb demo", what="the standalone demo in the VM",
                       log="demo.log", check=False)

@@ -90,9 +90,16 @@ def test_the_box_key_follows_its_inputs(tmp_path, monkeypatch):
 def test_results_from_junit_count_every_suite_and_a_skip_is_not_ok():
     xml = ('<?xml version="1.0"?><testsuites>'
            '<testsuite name="a" tests="5" failures="0" errors="0" skipped="0"/>'
-           '<testsuite name="b" tests="3" failures="1" errors="0" skipped="1"/></testsuites>')
+           '<testsuite name="b" tests="3" failures="1" errors="0" skipped="1">'
+           '<testcase classname="tests.test_netns" name="test_x[tc]"><failure message="assert 1 == 2&#10;more">'
+           'tb</failure></testcase><testcase classname="tests.test_netns" name="test_y"/>'
+           '<testcase classname="tests.test_netns" name="test_z"><skipped message="no root"/></testcase>'
+           '</testsuite></testsuites>')
     r = lab_vagrant.Results.from_junit(xml)
     assert (r.tests, r.failures, r.errors, r.skipped) == (8, 1, 0, 1) and not r.ok()
+    assert r.not_passed == ("tests.test_netns::test_x[tc] (failure): assert 1 == 2",
+                            "tests.test_netns::test_z (skipped): no root")
+    assert r.summary() == "8 tests, 1 failed, 0 errors, 1 skipped"
     assert lab_vagrant.Results.from_junit('<testsuite tests="4" failures="0" errors="0" skipped="0"/>').ok()
     assert not lab_vagrant.Results.from_junit('<testsuite tests="0"/>').ok()
 
