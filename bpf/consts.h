@@ -149,6 +149,8 @@
 #define KXLB_ST_FLOOD            25      /* new masqueraded flows over KXLB_FLOOD_NEW_PER_TICK (a tick, a CPU) */
 #define KXLB_ST_MAX              26
 
+#define KXLB_SCTP_LENGTHS        65536   /* sctp_crc_shift: an entry per SCTP packet length */
+
 /* Slots of the tail-call program arrays (kxlb.c tc_progs, xdp_progs). */
 #define KXLB_PROG_IPV6           0       /* the IPv6 journey (tc ingress, XDP) */
 #define KXLB_PROG_MAX            1

@@ -204,7 +204,7 @@ static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len
 		}
 		return KX_(not_a_service)(data, data_end, p, ri); /* ping to a cluster IP: rejected */
 	}
-	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+	if (!kx_proto_served(p->proto))
 		return KX_(not_a_service)(data, data_end, p, ri);
 
 	/* 0. The address filters (filter.h): which of the steps below this packet can need.
@@ -337,18 +337,34 @@ static __always_inline int KX_(lb_tc)(struct __sk_buff *skb)
  * as step 4 of lb_process() would (backend:port -> front:port, to the client), and the
  * datagram's later fragments follow its first. Only a backend's address and port can be
  * such a source: every other packet costs the backend filter's one array read. */
-static __always_inline int KX_(local_reply_plan)(const struct KX_(pkt) *p, struct KX_(nat_plan) *n)
+BPF_PERCPU_ARRAY(KX_(egress_plan_map), struct KX_(nat_plan), 1);
+
+/* The plan of a packet tc egress translates: in a per-CPU map, not on the stack. The
+ * verifier does not track a map value's contents, so every path that planned a rewrite
+ * reaches nat_apply_tc() in one state and the rewrite (an SCTP CRC update's 32 rounds
+ * among it) is verified once, not once per plan a path left on the stack. Looked up only
+ * for a packet that is a flow's. */
+static __always_inline struct KX_(nat_plan) *KX_(egress_plan)(void)
+{
+	__u32 zero = 0;
+	return KX_(egress_plan_map).lookup(&zero);
+}
+
+static __always_inline int KX_(local_reply_plan)(const struct KX_(pkt) *p, struct KX_(nat_plan) **np)
 {
 	struct KX_(lb_config) *cfg = KX_(lb_config_get)();
+	struct KX_(nat_plan) *n;
 	struct KX_(ct_flow) *f;
 	struct KX_(ct_key) to;
 	__u32 now;
 
 	if (!cfg)
 		return LB_PASS;
-	if (!p->first_frag)
-		return KX_(frag_follow)(p, n); /* rare: one lookup */
-	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+	if (!p->first_frag) {
+		n = *np = KX_(egress_plan)();
+		return n ? KX_(frag_follow)(p, n) : LB_PASS; /* rare: one lookup */
+	}
+	if (!kx_proto_served(p->proto))
 		return LB_PASS;
 	if (!filter_from_backend(KX_FOLD(p->saddr), p->sport))
 		return LB_PASS;
@@ -356,7 +372,8 @@ static __always_inline int KX_(local_reply_plan)(const struct KX_(pkt) *p, struc
 	f = KX_(ct_reply)(p->saddr, p->sport, p->daddr, p->dport, p->proto, cfg, now, &to);
 	if (!f)
 		return LB_PASS; /* not a reply: the node talking to a client itself */
-	return KX_(ct_translate)(KXLB_CT_DIR_REV, f, &to, cfg, p, now, n);
+	n = *np = KX_(egress_plan)();
+	return n ? KX_(ct_translate)(KXLB_CT_DIR_REV, f, &to, cfg, p, now, n) : LB_PASS;
 }
 
 /* tc egress: what the node itself sends about translated flows.
@@ -369,7 +386,7 @@ static __always_inline int KX_(local_reply_plan)(const struct KX_(pkt) *p, struc
 static __always_inline int KX_(lb_tc_egress)(struct __sk_buff *skb)
 {
 	struct KX_(pkt) p = {};
-	struct KX_(nat_plan) n;
+	struct KX_(nat_plan) *n = NULL;
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 
@@ -382,9 +399,9 @@ static __always_inline int KX_(lb_tc_egress)(struct __sk_buff *skb)
 		stat_inc(KXLB_ST_ICMP_NAT);
 		return TC_ACT_OK;
 	}
-	if (KX_(local_reply_plan)(&p, &n) != LB_NAT)
+	if (KX_(local_reply_plan)(&p, &n) != LB_NAT || !n)
 		return TC_ACT_UNSPEC;
-	return KX_(nat_apply_tc)(skb, &n) < 0 ? TC_ACT_SHOT : TC_ACT_OK;
+	return KX_(nat_apply_tc)(skb, n) < 0 ? TC_ACT_SHOT : TC_ACT_OK;
 }
 
 static __always_inline int KX_(lb_xdp)(struct xdp_md *ctx)

@@ -64,6 +64,7 @@ static __always_inline __u32 tc_headers_len(struct __sk_buff *skb)
 		switch (h.l3[9]) {
 		case IPPROTO_TCP: return l4 + 20;
 		case IPPROTO_UDP: return l4 + 8;
+		case IPPROTO_SCTP: return l4 + SCTP_HLEN_;
 		case IPPROTO_ICMP: return KXLB_LINEAR;
 		default: return l4;
 		}
@@ -72,6 +73,7 @@ static __always_inline __u32 tc_headers_len(struct __sk_buff *skb)
 		switch (h.l3[6]) {
 		case IPPROTO_TCP: return ETH_HLEN_ + 40 + 20;
 		case IPPROTO_UDP: return ETH_HLEN_ + 40 + 8;
+		case IPPROTO_SCTP: return ETH_HLEN_ + 40 + SCTP_HLEN_;
 		default: return KXLB_LINEAR; /* ICMPv6, extension headers */
 		}
 	}

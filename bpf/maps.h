@@ -439,6 +439,13 @@ BPF_TABLE_PINNED("lru_hash", struct affinity_key6, struct affinity_value6, affin
 BPF_TABLE_PINNED("lpm_trie", struct src_range_key6, __u8, src_range_map6,
 		 KXLB_SRC_RANGE_ENTRIES, KXLB_PIN_DIR "/src_ranges6", BPF_F_NO_PREALLOC);
 BPF_TABLE_PINNED("array", __u32, struct lb_config6, cfg_map6, 1, KXLB_PIN_DIR "/config6");
+
+/* Constant: x^(8n) mod P (CRC32c) for every SCTP packet length n, written by the loader
+ * before it loads the programs (loader/sctp.py), read by a port translation's CRC update
+ * (sctp.h). Not pinned: each compile gets its own, which its programs keep alive. A table
+ * because computing the power (16 multiplications) on every path the verifier walks into
+ * a rewrite exceeds its budget for the tc egress program. 256 KB. */
+BPF_TABLE("array", __u32, __u32, sctp_crc_shift, KXLB_SCTP_LENGTHS);
 #endif /* KXLB_DATAPATH */
 
 #endif

@@ -28,7 +28,7 @@
  * skb->csum). Returns 0, or negative on error. */
 static __always_inline int nat_apply_tc(struct __sk_buff *skb, const struct nat_plan *n)
 {
-	if (n->l4) {
+	if (n->l4 && n->proto != IPPROTO_SCTP) {
 		if (tc_l4_csum(skb, n->proto, n->l4_off, n->saddr_old, n->saddr_new, 4, BPF_F_PSEUDO_HDR) < 0 ||
 		    tc_l4_csum(skb, n->proto, n->l4_off, n->daddr_old, n->daddr_new, 4, BPF_F_PSEUDO_HDR) < 0 ||
 		    tc_l4_csum(skb, n->proto, n->l4_off, n->sport_old, n->sport_new, 2, 0) < 0 ||
@@ -51,6 +51,15 @@ static __always_inline int nat_apply_tc(struct __sk_buff *skb, const struct nat_
 		ports = (void *)ip + ip->ihl * 4;
 		if ((void *)(ports + 2) > data_end)
 			return -1;
+		if (n->proto == IPPROTO_SCTP) { /* the IP header's changes compensate each other */
+			__s64 d = sctp_ports_rewrite(ports, data_end, kx_ntohs_len(ip->tot_len) - ip->ihl * 4, n->frag,
+						     n->sport_old, n->dport_old, n->sport_new, n->dport_new);
+			if (d < 0)
+				return -1;
+			if (d)
+				kx_csum_update(skb, (__u32)d);
+			return 0;
+		}
 		ports[0] = n->sport_new;
 		ports[1] = n->dport_new;
 	}
@@ -68,7 +77,12 @@ static __always_inline int nat_apply_xdp(void *data, void *data_end, const struc
 
 	if ((void *)(ip + 1) > data_end)
 		return -1;
-	if (n->l4) {
+	if (n->l4 && n->proto == IPPROTO_SCTP) {
+		ports = (void *)ip + ip->ihl * 4;
+		if (sctp_ports_rewrite(ports, data_end, kx_ntohs_len(ip->tot_len) - ip->ihl * 4, n->frag,
+				       n->sport_old, n->dport_old, n->sport_new, n->dport_new) < 0)
+			return -1;
+	} else if (n->l4) {
 		ports = (void *)ip + ip->ihl * 4;
 		if (n->proto == IPPROTO_TCP) {
 			struct tcphdr *th = (void *)ports;
@@ -185,7 +199,7 @@ static __always_inline int icmp_error_nat(void *data, void *data_end, const stru
 	struct icmphdr *ih;
 	struct iphdr *in;
 	__u16 *in_ports;
-	__u16 *l4c = 0;
+	__u16 *l4c;
 	void *end;
 
 	if (!icmp_is_error(p))
@@ -197,18 +211,12 @@ static __always_inline int icmp_error_nat(void *data, void *data_end, const stru
 	in = (void *)(ih + 1);
 	if ((void *)(in + 1) > data_end || (void *)(in + 1) > end || in->ihl < 5)
 		return 0;
-	if (in->protocol != IPPROTO_TCP && in->protocol != IPPROTO_UDP)
+	if (!kx_proto_served(in->protocol))
 		return 0;
 	in_ports = (void *)in + in->ihl * 4;
 	if ((void *)(in_ports + 2) > data_end || (void *)(in_ports + 2) > end)
 		return 0;
-	/* The quoted L4 checksum, if the quote reaches it (UDP: 0 means none). */
-	if (in->protocol == IPPROTO_UDP) {
-		if ((void *)(in_ports + 4) <= data_end && (void *)(in_ports + 4) <= end && in_ports[3])
-			l4c = &in_ports[3];
-	} else if ((void *)(in_ports + 9) <= data_end && (void *)(in_ports + 9) <= end) {
-		l4c = &in_ports[8]; /* tcphdr.check at byte 16 */
-	}
+	l4c = quoted_l4_csum(in->protocol, in_ports, data_end, end, 1);
 
 	/* A quoted reply front:port -> client: the client's flow to that frontend. */
 	struct lb_config *cfg = lb_config_get();

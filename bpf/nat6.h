@@ -37,7 +37,19 @@ static __always_inline int nat_apply_tc6(struct __sk_buff *skb, const struct nat
 
 	if (l4_off > IP6_MAX_L4_OFF)
 		return -1;
-	if (n->l4) {
+	if (n->proto == IPPROTO_SCTP) {
+		/* No pseudo-header: nothing in the packet compensates the addresses' change, so a
+		 * CHECKSUM_COMPLETE skb's sum takes it (the helper does nothing for the others). */
+		if (!kx6_eq(&n->saddr_old, &n->saddr_new) || !kx6_eq(&n->daddr_old, &n->daddr_new)) {
+			__s64 d = bpf_csum_diff((__be32 *)&n->saddr_old, 16, (__be32 *)&n->saddr_new, 16, 0);
+			if (d < 0)
+				return -1;
+			d = bpf_csum_diff((__be32 *)&n->daddr_old, 16, (__be32 *)&n->daddr_new, 16, (__u32)d);
+			if (d < 0)
+				return -1;
+			kx_csum_update(skb, (__u32)d);
+		}
+	} else if (n->l4) {
 		if (!kx6_eq(&n->saddr_old, &n->saddr_new) || !kx6_eq(&n->daddr_old, &n->daddr_new)) {
 			__s64 d = bpf_csum_diff((__be32 *)&n->saddr_old, 16, (__be32 *)&n->saddr_new, 16, 0);
 			if (d < 0)
@@ -63,6 +75,16 @@ static __always_inline int nat_apply_tc6(struct __sk_buff *skb, const struct nat
 		__be16 *ports = data + l4_off;
 		if ((void *)(ports + 2) > data_end)
 			return -1;
+		if (n->proto == IPPROTO_SCTP) {
+			__s64 d = sctp_ports_rewrite(ports, data_end,
+						     kx_ntohs_len(ip6->payload_len) + ETH_HLEN_ + IP6_HLEN_ - l4_off,
+						     n->frag, n->sport_old, n->dport_old, n->sport_new, n->dport_new);
+			if (d < 0)
+				return -1;
+			if (d)
+				kx_csum_update(skb, (__u32)d);
+			return 0;
+		}
 		ports[0] = n->sport_new;
 		ports[1] = n->dport_new;
 	}
@@ -79,7 +101,12 @@ static __always_inline int nat_apply_xdp6(void *data, void *data_end, const stru
 
 	if ((void *)(ip6 + 1) > data_end || l4_off > IP6_MAX_L4_OFF)
 		return -1;
-	if (n->l4) {
+	if (n->l4 && n->proto == IPPROTO_SCTP) {
+		if (sctp_ports_rewrite(data + l4_off, data_end,
+				       kx_ntohs_len(ip6->payload_len) + ETH_HLEN_ + IP6_HLEN_ - l4_off, n->frag,
+				       n->sport_old, n->dport_old, n->sport_new, n->dport_new) < 0)
+			return -1;
+	} else if (n->l4) {
 		__be16 *ports = data + l4_off;
 		if (n->proto == IPPROTO_TCP) {
 			struct tcphdr *th = (void *)ports;
@@ -179,7 +206,7 @@ static __always_inline int icmp_error_nat6(void *data, void *data_end, const str
 {
 	struct ipv6hdr *ip6 = data + ETH_HLEN_;
 	__u32 l4_off = p->l4_off;
-	__u16 *l4c = 0;
+	__u16 *l4c;
 
 	if (!icmp_is_error6(p) || l4_off > IP6_MAX_L4_OFF)
 		return 0;
@@ -190,17 +217,12 @@ static __always_inline int icmp_error_nat6(void *data, void *data_end, const str
 	struct ipv6hdr *in = (void *)(ih + 4);
 	if ((void *)(in + 1) > data_end || (void *)(in + 1) > end)
 		return 0;
-	if (in->nexthdr != IPPROTO_TCP && in->nexthdr != IPPROTO_UDP)
+	if (!kx_proto_served(in->nexthdr))
 		return 0;
 	__u16 *in_ports = (void *)(in + 1);
 	if ((void *)(in_ports + 2) > data_end || (void *)(in_ports + 2) > end)
 		return 0;
-	if (in->nexthdr == IPPROTO_UDP) {
-		if ((void *)(in_ports + 4) <= data_end && (void *)(in_ports + 4) <= end)
-			l4c = &in_ports[3];
-	} else if ((void *)(in_ports + 9) <= data_end && (void *)(in_ports + 9) <= end) {
-		l4c = &in_ports[8]; /* tcphdr.check at byte 16 */
-	}
+	l4c = quoted_l4_csum(in->nexthdr, in_ports, data_end, end, 0);
 
 	/* A quoted reply front:port -> client: the client's flow to that frontend. */
 	struct lb_config6 *cfg = lb_config_get6();

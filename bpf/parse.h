@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: GPL-2.0 */
-/* Read-only parsing of Ethernet + IPv4 + TCP/UDP/ICMP into struct pkt (IPv6: parse6.h).
+/* Read-only parsing of Ethernet + IPv4 + TCP/UDP/SCTP/ICMP into struct pkt (IPv6: parse6.h).
  * Nothing here writes: a packet that fails any check is passed untouched by the caller. */
 #ifndef KXLB_PARSE_H
 #define KXLB_PARSE_H
@@ -10,6 +10,7 @@
 #include <uapi/linux/udp.h>
 #include <uapi/linux/icmp.h>
 #include "endian.h"
+#include "sctp.h"
 
 #define ETH_HLEN_ 14
 #define IP_MF_ 0x2000
@@ -71,6 +72,12 @@ static __always_inline int parse_l4(void *l4, void *data_end, void *dgram_end, _
 			return PARSE_MALFORMED;
 		*sport = uh->source;
 		*dport = uh->dest;
+	} else if (proto == IPPROTO_SCTP) {
+		__be16 *sh = l4; /* ports, then the verification tag and the CRC (sctp.h) */
+		if ((void *)sh + SCTP_HLEN_ > data_end || (void *)sh + SCTP_HLEN_ > dgram_end)
+			return PARSE_MALFORMED;
+		*sport = sh[0];
+		*dport = sh[1];
 	} else if (proto == icmp) {
 		__u8 *ih = l4; /* the 8-byte header of ICMP and of ICMPv6 */
 		if ((void *)(ih + 8) > data_end || (void *)(ih + 8) > dgram_end)
@@ -78,6 +85,30 @@ static __always_inline int parse_l4(void *l4, void *data_end, void *dgram_end, _
 		*icmp_type = ih[0];
 	}
 	return PARSE_OK;
+}
+
+/* The transport protocols a Service port can have, as kube-proxy serves them: TCP, UDP
+ * and SCTP. Anything else to a service address is rejected or dropped (not_a_service). */
+static __always_inline int kx_proto_served(__u8 proto)
+{
+	return proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP;
+}
+
+/* Where the L4 checksum of a header an ICMP error quotes lies, if the quote reaches it (it
+ * may be cut short), else 0. `in_ports`: the quoted L4 header; `end`: the end of the
+ * quote. UDP over IPv4 may say 0, "no checksum" (`v4`); IPv6 has no such value. SCTP's CRC
+ * covers the whole quoted packet, which an error quotes in part: it stays as quoted (Linux
+ * matches an SCTP error by its ports and verification tag, not by its CRC). */
+static __always_inline __u16 *quoted_l4_csum(__u8 proto, __u16 *in_ports, void *data_end, void *end, int v4)
+{
+	if (proto == IPPROTO_UDP) {
+		if ((void *)(in_ports + 4) <= data_end && (void *)(in_ports + 4) <= end && (!v4 || in_ports[3]))
+			return &in_ports[3];
+	} else if (proto == IPPROTO_TCP) {
+		if ((void *)(in_ports + 9) <= data_end && (void *)(in_ports + 9) <= end)
+			return &in_ports[8]; /* tcphdr.check at byte 16 */
+	}
+	return 0;
 }
 
 /* `len` is the packet's full length: at tc the payload may lie outside the linear

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: GPL-2.0 */
-/* Read-only parsing of Ethernet + IPv6 (extension headers walked) + TCP/UDP/ICMPv6 into
+/* Read-only parsing of Ethernet + IPv6 (extension headers walked) + TCP/UDP/SCTP/ICMPv6 into
  * struct pkt6, the IPv6 twin of parse.h's struct pkt (same field names, so the journey
  * of flow.tmpl.h reads both). Nothing here writes. */
 #ifndef KXLB_PARSE6_H

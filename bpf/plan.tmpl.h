@@ -18,7 +18,8 @@ struct KX_(nat_plan) {
 	__be16 dport_old, dport_new;
 	__u8   proto;
 	__u8   l4;         /* 1: ports and L4 checksum too; 0: addresses only (later fragment) */
-	__u8   pad[2];
+	__u8   frag;       /* 1: the first fragment of a datagram (its full length is unknown) */
+	__u8   pad;
 };
 
 /* Start a plan that changes nothing. */
@@ -28,6 +29,7 @@ static __always_inline void KX_(nat_plan_init)(struct KX_(nat_plan) *n, const st
 	n->l4_off = p->l4_off;
 	n->proto = p->proto;
 	n->l4 = p->first_frag;
+	n->frag = p->frag;
 	n->saddr_old = n->saddr_new = p->saddr;
 	n->daddr_old = n->daddr_new = p->daddr;
 	n->sport_old = n->sport_new = p->sport;

@@ -7,10 +7,6 @@
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/in.h>
 
-/* SOCK_STREAM / SOCK_DGRAM (asm-generic values; x86 uses them) */
-#define SOCK_STREAM_ 1
-#define SOCK_DGRAM_ 2
-
 #define ECONNREFUSED_ 111
 #define ETIMEDOUT_ 110
 
@@ -18,12 +14,15 @@
  * answers it for another VIP (see sock_pick_unshared()). */
 #define SOCK_REV_TRIES 8
 
+/* The service protocol a socket speaks: its protocol, not its type (an SCTP socket is
+ * SOCK_STREAM or SOCK_SEQPACKET, and UDP-Lite's is SOCK_DGRAM; kxlb 0.2 looked them up as
+ * TCP and UDP Services). 0: none of a Service's, the call goes on untouched. */
 static __always_inline __u8 sock_proto(struct bpf_sock_addr *ctx)
 {
-	if (ctx->type == SOCK_STREAM_)
-		return IPPROTO_TCP;
-	if (ctx->type == SOCK_DGRAM_)
-		return IPPROTO_UDP;
+	__u32 proto = ctx->protocol;
+
+	if (proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == 132 /* IPPROTO_SCTP */)
+		return proto;
 	return 0;
 }
 

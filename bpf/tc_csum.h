@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: GPL-2.0 */
-/* tc: L4 checksum changes through the kernel's helper, for both address families. */
+/* tc: L4 checksum changes through the kernel's helpers, for both address families. */
 #ifndef KXLB_TC_CSUM_H
 #define KXLB_TC_CSUM_H
 #include <uapi/linux/in.h>
@@ -7,6 +7,10 @@
 #include <uapi/linux/udp.h>
 
 #define OFF_(type, field) __builtin_offsetof(type, field)
+
+/* bpf_csum_update with the kernel's prototype (a 32-bit sum; BCC declares it 16-bit). Adds
+ * to the sum of a CHECKSUM_COMPLETE skb, does nothing (an error) for the others. */
+static long (*kx_csum_update)(struct __sk_buff *skb, __u32 csum) = (void *)BPF_FUNC_csum_update;
 
 /* tc: one L4 checksum change through the helper (it knows CHECKSUM_PARTIAL/COMPLETE:
  * `pseudo` for address changes, which the partial sum covers, not ports). Size 0: `to`

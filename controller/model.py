@@ -361,7 +361,7 @@ def _family_entries(svc: Service, family: str, vip: str, slices: list[EndpointSl
         if proto is None:
             if first:
                 out.skipped.append(f"Service {sid}: spec.ports[{port.name or port.port}].protocol "
-                                   f"{port.protocol} is not supported (TCP, UDP)")
+                                   f"{port.protocol} is not supported ({', '.join(p.upper() for p in PROTOS)})")
             continue
         key = ServiceKey(vip, port.port, proto)
         frontends = _frontends(key, port, lb_ips, ext_ips, nodeport_addrs) \

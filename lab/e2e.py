@@ -48,7 +48,7 @@ SUITES = {
 }
 # What one machine cannot run, and why: never skipped silently, the table lists them.
 SKIPS = (
-    (r"SCTP", "kxlb serves TCP and UDP only, and the lab's pods have no SCTP"),
+    (r"SCTP", "this kernel has no SCTP sockets (CONFIG_IP_SCTP unset), so no pod can serve it; kxlb's SCTP NAT is tested on frames"),
     (r"\[Disruptive\]", "restarts the API server or the proxy over SSH to the nodes (a cloud provider's)"),
 )
 

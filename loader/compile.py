@@ -27,6 +27,7 @@ from pathlib import Path
 from . import bpfsys
 from .errors import KxlbError
 from .layout import BPF_DIR, C
+from .sctp import fill_crc_shift
 
 MAIN_SOURCE = BPF_DIR / "kxlb.c"
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
@@ -158,6 +159,7 @@ def load_entry_programs(bpf) -> tuple:
     tail-call into their program arrays (kxlb.c); returns (tc, xdp) as bcc functions."""
     from bcc import BPF
 
+    fill_crc_shift(bpf)
     try:
         tc = bpf.load_func(b"kxlb_tc", BPF.SCHED_CLS)
         xdp = bpf.load_func(b"kxlb_xdp", BPF.XDP)

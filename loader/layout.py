@@ -32,7 +32,8 @@ def _read_constants(path: Path) -> dict[str, int]:
 C = _read_constants(BPF_DIR / "consts.h")
 """Every ``#define KXLB_NAME value`` of consts.h, as C["NAME"]."""
 
-PROTOS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP}
+PROTOS = {"tcp": socket.IPPROTO_TCP, "udp": socket.IPPROTO_UDP, "sctp": socket.IPPROTO_SCTP}
+"""The protocols a Service port can have (kube-proxy's three; bpf/sctp.h for SCTP)."""
 PROTO_NAMES = {v: k for k, v in PROTOS.items()}
 
 DP_COUNTERS = {v: k.removeprefix("ST_").lower() for k, v in C.items()
@@ -259,7 +260,7 @@ def parse_port(text: str | int, what: str) -> int:
 def parse_proto(text: str, what: str) -> int:
     proto = PROTOS.get(text.lower())
     if proto is None:
-        raise KxlbError(f"{what}: unknown protocol {text!r} (expected tcp or udp)")
+        raise KxlbError(f"{what}: unknown protocol {text!r} (expected {', '.join(PROTOS)})")
     return proto
 
 
@@ -290,7 +291,7 @@ class ServiceKey(NamedTuple):
     @classmethod
     def parse(cls, text: str) -> "ServiceKey":
         """'VIP:PORT/PROTO' (an IPv6 VIP in brackets) as on the command line."""
-        what, form = f"service {text!r}", "VIP:PORT/tcp|udp or [VIP6]:PORT/tcp|udp"
+        what, form = f"service {text!r}", "VIP:PORT/tcp|udp|sctp or [VIP6]:PORT/tcp|udp|sctp"
         addr, slash, proto = text.rpartition("/")
         if not slash:
             raise KxlbError(f"{what}: expected {form}")

@@ -51,7 +51,7 @@ def pin(small_dp):
     (["service", "add", "10.96.0.300:80/tcp", "10.1.0.1:80"], "10.96.0.300"),
     (["service", "add", f"{VIP}:0/tcp", "10.1.0.1:80"], "port 0"),
     (["service", "add", f"{VIP}:65536/tcp", "10.1.0.1:80"], "port 65536"),
-    (["service", "add", f"{VIP}:81/sctp", "10.1.0.1:80"], "'sctp'"),
+    (["service", "add", f"{VIP}:81/icmp", "10.1.0.1:80"], "'icmp'"),
     (["service", "add", f"{VIP}:81/tcp", "10.1.0.1:80", "10.1.0.1:80"], "duplicate backend 10.1.0.1:80"),
     (["service", "add", f"{VIP}:81/tcp", "10.1.0:80"], "10.1.0"),
     (["service", "add", f"{VIP}:81/tcp", "10.1.0.1:http"], "'http'"),

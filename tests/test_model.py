@@ -158,14 +158,25 @@ def test_an_ipv6_only_service_gets_ipv6_frontends_ranges_and_node_ports_only():
 
 def test_a_dual_stack_services_garbage_entries_are_reported_once():
     s = svc(ips=("10.96.0.10", "fd00:96::10"), type_="LoadBalancer", loadBalancerSourceRanges=["nonsense"],
-            ports=(("s", 99, "SCTP"),), status={"loadBalancer": {"ingress": [{"ip": "2001:db8:1::1"}]}})
+            ports=(("s", 99, "DCCP"),), status={"loadBalancer": {"ingress": [{"ip": "2001:db8:1::1"}]}})
     d = desired([s], [], NODE_DUAL)
     assert len(d.skipped) == 2 and d.services == {}
 
 
-def test_sctp_port_is_skipped_with_a_reason():
-    d = desired([svc(ports=(("s", 99, "SCTP"), ("http", 80, "TCP")))], [])
-    assert set(d.services) == {KEY} and "SCTP" in d.skipped[0] and "default/web" in d.skipped[0]
+def test_sctp_ports_are_served_with_their_own_endpoints():
+    """kube-proxy serves SCTP (kxlb 0.2 skipped it, and an SCTP-only cluster IP dropped
+    everything); a slice's SCTP port is matched by name and protocol, as the TCP one."""
+    slices = [eps("b", endpoints=[("10.1.0.5", READY)], ports=(("s", 3868, "SCTP"), ("http", 8080, "TCP")))]
+    d = desired([svc(ports=(("s", 99, "SCTP"), ("http", 80, "TCP")))], slices)
+    sctp = ServiceKey("10.96.0.10", 99, 132)
+    assert set(d.services) == {KEY, sctp} and not d.skipped
+    assert d.services[sctp].cluster == (B("10.1.0.5", 3868),) and d.services[KEY].cluster == (B("10.1.0.5"),)
+    assert d.owners[sctp] == "default/web:s"
+
+
+def test_a_protocol_kube_proxy_does_not_serve_is_skipped_with_a_reason():
+    d = desired([svc(ports=(("d", 99, "DCCP"), ("http", 80, "TCP")))], [])
+    assert set(d.services) == {KEY} and "DCCP" in d.skipped[0] and "default/web" in d.skipped[0]
     assert d.owners == {KEY: "default/web:http"}
 
 

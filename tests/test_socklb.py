@@ -160,6 +160,29 @@ out(list(c.getpeername()[:2]) == ["::1", srv.getsockname()[1]])
     assert host.run(code) == ["ENETUNREACH", True]
 
 
+def test_a_udp_lite_socket_is_not_taken_for_a_udp_one(host):
+    """The hooks look up a socket's protocol, not its type: a UDP-Lite socket (SOCK_DGRAM,
+    IPPROTO_UDPLITE) is no client of a UDP Service (kxlb 0.2 translated it to a UDP
+    backend, which cannot answer UDP-Lite). UDP-Lite shares UDP's sendmsg, and with it the
+    sendmsg hook: left alone, its sendto() meets the VIP's missing route as it would
+    without kxlb, while a UDP socket beside it is translated (its kernel-side peer, from
+    /proc/net/udp, is the backend)."""
+    host.kxlb("service", "add", "10.96.7.20:53/udp", host.be(0))
+    code = r'''
+import struct
+lite = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_UDPLITE)
+try: lite.sendto(b"q", ("10.96.7.20", 53)); out("sent")
+except OSError as e: out(err(e))
+udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); udp.connect(("10.96.7.20", 53))
+for line in open("/proc/net/udp").read().splitlines()[1:]:
+    local, rem = line.split()[1:3]
+    if int(local.split(":")[1], 16) == udp.getsockname()[1]:
+        a, p = rem.split(":")
+        out([socket.inet_ntoa(struct.pack("<I", int(a, 16))), int(p, 16)])
+'''
+    assert host.run(code) == ["ENETUNREACH", [host.lab.backend_ip(0), PORT]]
+
+
 def test_a_service_without_endpoints_refuses_at_once(host):
     """kube-proxy rejects: connect() fails with ECONNREFUSED (not the hook's EPERM), for
     TCP and connected UDP, AF_INET and IPv4-mapped alike."""
