@@ -37,27 +37,24 @@ static __always_inline int nat_apply_tc6(struct __sk_buff *skb, const struct nat
 
 	if (l4_off > IP6_MAX_L4_OFF)
 		return -1;
-	if (n->proto == IPPROTO_SCTP) {
-		/* No pseudo-header: nothing in the packet compensates the addresses' change, so a
-		 * CHECKSUM_COMPLETE skb's sum takes it (the helper does nothing for the others). */
-		if (!kx6_eq(&n->saddr_old, &n->saddr_new) || !kx6_eq(&n->daddr_old, &n->daddr_new)) {
-			__s64 d = bpf_csum_diff((__be32 *)&n->saddr_old, 16, (__be32 *)&n->saddr_new, 16, 0);
-			if (d < 0)
+	if (!kx6_eq(&n->saddr_old, &n->saddr_new) || !kx6_eq(&n->daddr_old, &n->daddr_new)) {
+		__s64 d = kx_csum_diff((__be32 *)&n->saddr_old, 16, (__be32 *)&n->saddr_new, 16, 0);
+		if (d >= 0)
+			d = kx_csum_diff((__be32 *)&n->daddr_old, 16, (__be32 *)&n->daddr_new, 16, (__u32)d);
+		if (d < 0)
+			return -1;
+		if (n->l4 && n->proto != IPPROTO_SCTP) {
+			/* The L4 checksum covers the addresses (its pseudo-header). */
+			if (tc_l4_csum(skb, n->proto, l4_off, 0, (__u32)d, 0, BPF_F_PSEUDO_HDR) < 0)
 				return -1;
-			d = bpf_csum_diff((__be32 *)&n->daddr_old, 16, (__be32 *)&n->daddr_new, 16, (__u32)d);
-			if (d < 0)
-				return -1;
+		} else {
+			/* SCTP has no pseudo-header, and a later fragment no L4 header: nothing in
+			 * the packet compensates the addresses' change, so a CHECKSUM_COMPLETE skb's
+			 * sum takes it (the helper does nothing for the others). */
 			kx_csum_update(skb, (__u32)d);
 		}
-	} else if (n->l4) {
-		if (!kx6_eq(&n->saddr_old, &n->saddr_new) || !kx6_eq(&n->daddr_old, &n->daddr_new)) {
-			__s64 d = bpf_csum_diff((__be32 *)&n->saddr_old, 16, (__be32 *)&n->saddr_new, 16, 0);
-			if (d < 0)
-				return -1;
-			d = bpf_csum_diff((__be32 *)&n->daddr_old, 16, (__be32 *)&n->daddr_new, 16, (__u32)d);
-			if (d < 0 || tc_l4_csum(skb, n->proto, l4_off, 0, (__u32)d, 0, BPF_F_PSEUDO_HDR) < 0)
-				return -1;
-		}
+	}
+	if (n->l4 && n->proto != IPPROTO_SCTP) {
 		if (tc_l4_csum(skb, n->proto, l4_off, n->sport_old, n->sport_new, 2, 0) < 0 ||
 		    tc_l4_csum(skb, n->proto, l4_off, n->dport_old, n->dport_new, 2, 0) < 0)
 			return -1;
