@@ -429,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("service", help="add, delete or change a service")
     ssub = sv.add_subparsers(dest="action", required=True, metavar="ACTION")
-    for name, helptext in (("add", "add a service VIP:PORT/tcp|udp (IPv6: [VIP]:PORT/tcp|udp) with its backends "
+    for name, helptext in (("add", "add a service VIP:PORT/tcp|udp|sctp (IPv6: [VIP]:PORT/...) with its backends "
                                    "(of the VIP's family)"),
                            ("set-backends", "replace a service's backends (atomically for packets)")):
         s = ssub.add_parser(name, help=helptext)
