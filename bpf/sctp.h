@@ -32,7 +32,6 @@
 #define SCTP_HLEN_ 12
 #define SCTP_CRC_OFF_ 8                  /* the CRC32c, stored little-endian */
 #define CRC32C_POLY_ 0x82f63b78          /* Castagnoli, bit-reflected */
-#define CRC32C_ONE_ 0x80000000           /* x^0 in the reflected form */
 
 /* a * b mod P, both bit-reflected (bit 31 is x^0), as zlib's multmodp. Branch-free so that
  * the verifier walks one path through its 32 rounds; a loop, not unrolled: 32 unrolled
