@@ -141,7 +141,13 @@ def run(a) -> None:
         flows = conntrack_flows(a.conntrack_max_per_core, a.conntrack_min)
         dp = prepare_datapath(a.pin_dir, reg, lock, conntrack_cflags(flows))
         if a.cgroup:
+            from kxlb.loader.mounts import cgroup2_dir
             from kxlb.loader.socklb import attach_socket_lb
+            cgroup = cgroup2_dir(a.cgroup)
+            if cgroup != a.cgroup:
+                log.info("--cgroup %s is a cgroup v1 hybrid layout: the socket hooks go on its v2 hierarchy, %s",
+                         a.cgroup, cgroup)
+                a.cgroup = cgroup
             attach_socket_lb(a.pin_dir, a.cgroup, a.netns)  # the pinned hooks, for the node's namespace only
             log.info("socket-level load balancing attached to cgroup %s", a.cgroup)
         if a.iface:

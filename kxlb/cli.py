@@ -106,6 +106,15 @@ def cmd_cleanup(a) -> None:
         print(f"kxlb: note: {note}")
 
 
+def cmd_mount_bpffs(a) -> None:
+    from kxlb.loader.mounts import mount_bpffs
+
+    if mount_bpffs(a.dir):
+        print(f"kxlb: mounted a bpf filesystem on {a.dir}")
+    else:
+        print(f"kxlb: {a.dir} is on a bpf filesystem already")
+
+
 def cmd_status(a) -> None:
     from kxlb.loader.status import status
 
@@ -472,6 +481,11 @@ def build_parser() -> argparse.ArgumentParser:
     cl.set_defaults(func=cmd_cleanup)
     _wait_option(cl)
 
+    mb = sub.add_parser("mount-bpffs", help="mount a bpf filesystem on DIR unless one is there (the DaemonSet's "
+                                            "init container, for nodes that boot without one, as kind's)")
+    mb.add_argument("dir", nargs="?", default="/sys/fs/bpf", metavar="DIR", help="default %(default)s")
+    mb.set_defaults(func=cmd_mount_bpffs)
+
     st = sub.add_parser("status", help="what is loaded, attached where, who writes the maps, how full they are, "
                                        "what was dropped")
     st.add_argument("--json", action="store_true", help="machine-readable output")
@@ -506,7 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for register in _extensions():
         register(sub)
-    _accept_after_command(p, "--pin-dir", skip={"lab", "demo", "version"}, type=check_pin_dir,
+    _accept_after_command(p, "--pin-dir", skip={"lab", "demo", "version", "mount-bpffs"}, type=check_pin_dir,
                           help="same as the global --pin-dir")
     return p
 

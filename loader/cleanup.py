@@ -18,6 +18,7 @@ from . import attach
 from .datapath import Unloaded, remove_pins, unload
 from .errors import KxlbError
 from .lock import WriterLock
+from .mounts import cgroup2_dir
 from .registry import Attachment
 
 
@@ -70,7 +71,10 @@ def by_name(ns: str | None) -> list[Attachment]:
 
 def cleanup(pin_dir: str, ns: str | None = None, cgroup: str | None = None, wait: float = 0.0) -> Unloaded:
     """Remove kxlb from this node: recorded attachments and pins, then what is found by
-    name in ``ns`` and on ``cgroup`` (default: the cgroup2 root). Idempotent."""
+    name in ``ns`` and on ``cgroup`` (default: the cgroup2 root; a v1 hybrid layout's
+    /sys/fs/cgroup means its unified/, as for the controller). Idempotent."""
+    if cgroup:
+        cgroup = cgroup2_dir(cgroup)
     if not os.path.isdir(pin_dir):
         return _by_name(Unloaded(), ns, cgroup)
     with WriterLock(pin_dir).acquire(wait):

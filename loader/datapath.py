@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 from . import attach, bpfsys, devconf, migrate
 from .compile import Datapath, build_digest, compile_datapath, pinned_datapath
 from .errors import KxlbError
+from .mounts import require_bpffs
 from .lock import WriterLock
 from .mapspec import MapSpec, datapath_specs, known_pins, pin_name, released_layouts, split_pin
 from .registry import Attachment, Registry, legacy_path
 
-BPF_FS_TYPE = "bpf"
 DEFAULT_PIN_DIR = "/sys/fs/bpf/kxlb"
 STAGING = "staging"  # bpffs refuses names with a dot
 BUILD_RECORD = "build"
@@ -47,19 +47,6 @@ BUILD_RECORD = "build"
 def require_root(what: str) -> None:
     if os.geteuid() != 0:
         raise KxlbError(f"{what} needs root (CAP_BPF, CAP_NET_ADMIN)")
-
-
-def require_bpffs(pin_dir: str) -> None:
-    """The pin directory must live on a bpf filesystem."""
-    best, fstype = "", ""
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            _, mnt, typ, *_ = line.split()
-            mnt = mnt.replace("\\040", " ")
-            if (pin_dir == mnt or pin_dir.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best):
-                best, fstype = mnt, typ
-    if fstype != BPF_FS_TYPE:
-        raise KxlbError(f"{pin_dir} is not on a bpf filesystem (mount one: mount -t bpf bpf /sys/fs/bpf)")
 
 
 def prepare_pin_dir(pin_dir: str) -> None:

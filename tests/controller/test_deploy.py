@@ -155,12 +155,24 @@ def test_not_privileged_and_no_bidirectional_mount(kind):
     assert not sc.get("privileged"), sc
     assert sc["capabilities"]["drop"] == ["ALL"] and set(sc["capabilities"]["add"]) == CAPABILITIES, sc
     assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
-    # kxlb mounts nothing: it uses the host's bpffs as it is (and Bidirectional would
-    # need privileged for good).
+    # The controller mounts nothing: it uses the node's bpffs as the init container left it
+    # (Bidirectional would need privileged for good).
     assert [m.get("mountPropagation") for m in c["volumeMounts"] if m.get("mountPropagation")] == ["HostToContainer"]
     text = OPERATIONS.read_text()
     for cap in CAPABILITIES:
         assert f"CAP_{cap}" in text, f"docs/operations.md does not give the reason for CAP_{cap}"
+
+
+def test_only_the_bpffs_init_container_is_privileged(kind):
+    """kind's nodes boot without bpffs: the init container mounts one on the node (through
+    a Bidirectional volume, hence privileged) and runs nothing else; same image as kxlb."""
+    spec = one(kind, "DaemonSet")["spec"]["template"]["spec"]
+    (init,) = spec["initContainers"]
+    assert init["command"] == ["kxlb", "mount-bpffs", "/sys/fs/bpf"] and "args" not in init
+    assert init["image"] == container(kind)["image"]
+    assert init["securityContext"] == {"privileged": True}
+    assert init["volumeMounts"] == [{"name": "bpffs", "mountPath": "/sys/fs/bpf", "mountPropagation": "Bidirectional"}]
+    assert "mount-bpffs" in OPERATIONS.read_text()
 
 
 def test_runs_on_every_linux_node_before_anything_else(kind):
