@@ -263,6 +263,33 @@ def bud(context: Path, dockerfile: Path, tags: list[str], build_args: dict[str, 
     return buildah(*argv, str(context), what=f"buildah bud -f {dockerfile}", log=log, timeout=1800)
 
 
+def debian_rootfs(packages: list[str], tarball: Path, log: Path) -> None:
+    """A Debian root file system (the essential packages and *packages*, of DEBIAN_SUITE) as
+    a tarball, made by mmdebstrap in a user namespace: nothing runs as the host's root, and
+    nothing is pulled from a registry. mmdebstrap's output goes to *log*."""
+    tarball.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tarball.with_suffix(".tmp")
+    argv = ["mmdebstrap", "--mode=unshare", "--variant=essential", "--format=tar",
+            # /usr merged before the essential packages unpack: usr-is-merged, not the
+            # usrmerge converter (and the whole of perl it depends on).
+            "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
+            "--include=" + ",".join(packages), *[f"--dpkgopt={o}" for o in DPKG_EXCLUDES],
+            DEBIAN_SUITE, "-", *DEBIAN_SOURCES]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    # The device nodes mmdebstrap puts in /dev go: a runtime mounts its own /dev.
+    with open(tmp, "wb") as f, open(log, "w") as err:
+        mm = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err)
+        tar = subprocess.run(["tar", "--delete", "--wildcards", "./dev/?*"], stdin=mm.stdout, stdout=f,
+                             stderr=subprocess.PIPE)
+        mm.stdout.close()
+        rc = mm.wait(timeout=1800)
+    if rc or tar.returncode:
+        tmp.unlink(missing_ok=True)
+        raise ImageError(f"mmdebstrap of {' '.join(packages)} failed (log {log}):\n"
+                         f"{log.read_text().strip()[-2000:]}{tar.stderr.decode().strip()}")
+    os.replace(tmp, tarball)
+
+
 @dataclass(frozen=True)
 class Built:
     name: str        # localhost/kxlb:<key>
@@ -322,28 +349,7 @@ class ImageBuild:
         return name
 
     def _mmdebstrap(self, packages: list[str], tarball: Path) -> None:
-        tarball.parent.mkdir(parents=True, exist_ok=True)
-        tmp = tarball.with_suffix(".tmp")
-        argv = ["mmdebstrap", "--mode=unshare", "--variant=essential", "--format=tar",
-                # /usr merged before the essential packages unpack: usr-is-merged, not the
-                # usrmerge converter (and the whole of perl it depends on).
-                "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
-                "--include=" + ",".join(packages), *[f"--dpkgopt={o}" for o in DPKG_EXCLUDES],
-                DEBIAN_SUITE, "-", *DEBIAN_SOURCES]
-        log = self.out / "build" / f"{tarball.stem}.mmdebstrap.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        # The device nodes mmdebstrap puts in /dev go: a runtime mounts its own /dev.
-        with open(tmp, "wb") as f, open(log, "w") as err:
-            mm = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err)
-            tar = subprocess.run(["tar", "--delete", "--wildcards", "./dev/?*"], stdin=mm.stdout, stdout=f,
-                                 stderr=subprocess.PIPE)
-            mm.stdout.close()
-            rc = mm.wait(timeout=1800)
-        if rc or tar.returncode:
-            tmp.unlink(missing_ok=True)
-            raise ImageError(f"mmdebstrap of {' '.join(packages)} failed (log {log}):\n"
-                             f"{log.read_text().strip()[-2000:]}{tar.stderr.decode().strip()}")
-        os.replace(tmp, tarball)
+        debian_rootfs(packages, tarball, self.out / "build" / f"{tarball.stem}.mmdebstrap.log")
 
     def _import(self, tarball: Path, name: str, kind: str) -> None:
         """A single-layer image of *tarball* (what ``docker import`` makes)."""

@@ -323,6 +323,16 @@ def coredns_image(out_dir: Path, coredns: Path, ref: str = COREDNS_IMAGE) -> tup
                                                                   user="65534:65534"))
 
 
+# ---- static binaries as images ---------------------------------------------------------------
+def binary_image(out_dir: Path, binary: Path, ref: str) -> tuple[Path, str]:
+    """An image of one static binary at /usr/local/bin/<name>, on PATH, run as root: what
+    kubeadm's static pods run (kube-apiserver, kube-controller-manager, kube-scheduler,
+    etcd: their manifests name the command, not a path). Returns (layout, digest)."""
+    layer = layer_tar([Entry(f"/usr/local/bin/{binary.name}", source=binary, mode=0o755)])
+    layout = out_dir / binary.name
+    return layout, write_layout(layout, ref, [layer], ImageConfig(entrypoint=(f"/usr/local/bin/{binary.name}",)))
+
+
 def archive_digest(archive: Path) -> str:
     """The manifest digest an OCI archive's index names (``sha256:...``)."""
     try:

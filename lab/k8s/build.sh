@@ -18,6 +18,11 @@
 #       from github.com/containerd/containerd/v2 (module in ./containerd)
 #   coredns
 #       from github.com/coredns/coredns (module in ./coredns): the cluster DNS
+# kind clusters (--kind; lab/kind.py, `make kind`):
+#   kubeadm
+#       from the same k8s.io/kubernetes module: kind's nodes run it
+#   kind
+#       sigs.k8s.io/kind (module in ./kind)
 # Upstream e2e tests (--e2e):
 #   e2e.test
 #       `go test -c` of ./e2e: the network tests of k8s.io/kubernetes/test/e2e at the
@@ -30,12 +35,14 @@
 #   ${KXLB_CACHE:-/var/cache/kxlb}/k8s/<k8s-version>-<etcd-version>/bin/
 #   ${KXLB_CACHE:-/var/cache/kxlb}/node/<k8s-version>-<containerd-version>-<coredns-version>/bin/
 #   ${KXLB_CACHE:-/var/cache/kxlb}/e2e/<k8s-version>-<digest of ./e2e>/bin/
+#   ${KXLB_CACHE:-/var/cache/kxlb}/kind/<k8s-version>-<kind-version>/bin/
 # A run whose binaries all exist does nothing (warm run: well under a second).
 # The last line on stdout is always the bin dir; everything else goes to stderr.
 #
-# Usage: lab/k8s/build.sh [--node|--e2e] [--force] [--print-bin-dir] [--versions]
+# Usage: lab/k8s/build.sh [--node|--e2e|--kind] [--force] [--print-bin-dir] [--versions]
 #   --node           the node set instead of the control plane
 #   --e2e            the e2e test binary instead of the control plane
+#   --kind           kind and kubeadm instead of the control plane
 #   --force          rebuild even if the binaries exist
 #   --print-bin-dir  print the bin dir and exit (no build, no go needed)
 #   --versions       print K8S_VERSION=... ETCD_VERSION=... CONTAINERD_VERSION=... and exit
@@ -55,6 +62,7 @@ ETCD_BINS=(etcd)
 NODE_K8S_BINS=(kubelet agnhost regression-issue-74839)
 CONTAINERD_BINS=(containerd containerd-shim-runc-v2 ctr)
 COREDNS_BINS=(coredns)
+KIND_BINS=(kubeadm kind)
 
 # Versions come from the go.mod files: they are the single source of truth.
 modver() { # modver <go.mod> <module path>
@@ -67,7 +75,8 @@ K8S_VERSION="$(modver "$HERE/go.mod" k8s.io/kubernetes)"
 ETCD_VERSION="$(modver "$HERE/etcd/go.mod" go.etcd.io/etcd/server/v3)"
 CONTAINERD_VERSION="$(modver "$HERE/containerd/go.mod" github.com/containerd/containerd/v2)"
 COREDNS_VERSION="$(modver "$HERE/coredns/go.mod" github.com/coredns/coredns)"
-if [[ -z "$K8S_VERSION" || -z "$ETCD_VERSION" || -z "$CONTAINERD_VERSION" || -z "$COREDNS_VERSION" ]]; then
+KIND_VERSION="$(modver "$HERE/kind/go.mod" sigs.k8s.io/kind)"
+if [[ -z "$K8S_VERSION" || -z "$ETCD_VERSION" || -z "$CONTAINERD_VERSION" || -z "$COREDNS_VERSION" || -z "$KIND_VERSION" ]]; then
     echo "build.sh: cannot read versions from the go.mod files in $HERE" >&2
     exit 1
 fi
@@ -82,8 +91,9 @@ for a in "$@"; do
         --force) force=1 ;;
         --node) target=node ;;
         --e2e) target=e2e ;;
+        --kind) target=kind ;;
         --print-bin-dir|--versions) actions+=("$a") ;;
-        -h|--help) sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,50p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "build.sh: unknown argument: $a" >&2; exit 2 ;;
     esac
 done
@@ -91,6 +101,10 @@ if [[ $target == node ]]; then
     KEY="${K8S_VERSION}-${CONTAINERD_VERSION}-${COREDNS_VERSION}"
     OUT="$CACHE_ROOT/node/$KEY"
     BINS=("${NODE_K8S_BINS[@]}" "${CONTAINERD_BINS[@]}" "${COREDNS_BINS[@]}")
+elif [[ $target == kind ]]; then
+    KEY="${K8S_VERSION}-${KIND_VERSION}"
+    OUT="$CACHE_ROOT/kind/$KEY"
+    BINS=("${KIND_BINS[@]}")
 elif [[ $target == e2e ]]; then
     # Keyed by the suite's own source too: a change to ./e2e is a new binary.
     KEY="${K8S_VERSION}-$(cat "$HERE"/e2e/*.go "$HERE/go.sum" | sha256sum | cut -c1-12)"
@@ -106,7 +120,8 @@ for a in "${actions[@]}"; do
     case "$a" in
         --print-bin-dir) echo "$BIN_DIR"; exit 0 ;;
         --versions) echo "K8S_VERSION=$K8S_VERSION"; echo "ETCD_VERSION=$ETCD_VERSION"
-                    echo "CONTAINERD_VERSION=$CONTAINERD_VERSION"; echo "COREDNS_VERSION=$COREDNS_VERSION"; exit 0 ;;
+                    echo "CONTAINERD_VERSION=$CONTAINERD_VERSION"; echo "COREDNS_VERSION=$COREDNS_VERSION"
+                    echo "KIND_VERSION=$KIND_VERSION"; exit 0 ;;
     esac
 done
 
@@ -187,6 +202,8 @@ if [[ $target == node ]]; then
           k8s.io/kubernetes/test/images/regression-issue-74839)
 elif [[ $target == control ]]; then
     for b in "${K8S_BINS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
+elif [[ $target == kind ]]; then
+    pkgs=(k8s.io/kubernetes/cmd/kubeadm)
 fi
 if [[ ${#pkgs[@]} -gt 0 ]]; then
     (
@@ -199,6 +216,19 @@ if [[ ${#pkgs[@]} -gt 0 ]]; then
     echo "build.sh: kubernetes done after $(( $(date +%s) - start ))s" >&2
 fi
 
+if [[ $target == kind ]]; then
+    # --- kind -----------------------------------------------------------------
+    (
+        cd "$HERE/kind"
+        "$GO" build -p "$P" -trimpath -ldflags "-s -w" -o "$STAGE/kind" sigs.k8s.io/kind
+    )
+    echo "build.sh: kind done after $(( $(date +%s) - start ))s" >&2
+    got="$("$STAGE/kind" version 2>&1 || true)"
+    if [[ "$got" != "kind ${KIND_VERSION} "* ]]; then
+        echo "build.sh: kind version says '$got', want 'kind $KIND_VERSION ...'" >&2
+        exit 1
+    fi
+fi
 if [[ $target == node ]]; then
     # --- containerd -----------------------------------------------------------
     # Static, as upstream's release builds of the shim: the snapshotters that need
@@ -252,6 +282,7 @@ done
     echo "ETCD_VERSION=$ETCD_VERSION"
     echo "CONTAINERD_VERSION=$CONTAINERD_VERSION"
     echo "COREDNS_VERSION=$COREDNS_VERSION"
+    echo "KIND_VERSION=$KIND_VERSION"
     echo "BUILT=$build_date"
     echo "GO=$("$GO" env GOVERSION)"
     echo "SECONDS=$(( $(date +%s) - start ))"
