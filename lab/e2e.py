@@ -140,7 +140,8 @@ def markdown(results: dict[str, dict[str, dict]], suite: str, meta: dict) -> str
                        for p in proxies)
     head = [f"### Suite `{suite}` ({totals})", "",
             f"Kubernetes {meta.get('k8s_version')}, e2e.test from {meta.get('binary')}, "
-            f"{meta.get('nodes')} real-kubelet nodes, run {meta.get('date')}.", ""]
+            f"{meta.get('nodes')} {'kind' if meta.get('cluster') == 'kind' else 'real-kubelet'} nodes, "
+            f"run {meta.get('date')}.", ""]
     skipped = ["", "Not run on one machine (`--ginkgo.skip`):", ""] + [f"- `{r}`: {why}" for r, why in SKIPS]
     return "\n".join(head + lines + ([""] + ["Failures and skips:", ""] + notes if notes else []) + skipped) + "\n"
 
@@ -171,6 +172,29 @@ def merge_earlier(path: Path, results: dict[str, dict], meta: dict) -> dict[str,
     return dict(sorted(merged.items()))
 
 
+def run_on_kind(binary: Path, suite: Suite, suite_name: str, out: Path, *, procs: int,
+                markdown_to: Optional[str]) -> int:
+    """The suite against kxlb on the kind cluster (lab/kind.py; up if it is not): its
+    table is its own (suite name ``<suite>-kind``), beside the lab's."""
+    from .kind import KindCluster
+
+    cluster = KindCluster()
+    try:
+        cluster.up()
+        results = {"kxlb": run_suite(cluster, binary, suite, out / f"{suite_name}-kind" / "kxlb", procs=procs)}
+    except LabError as exc:
+        print(f"e2e: error: {exc}", file=sys.stderr)
+        return 2
+    meta = {"k8s_version": cluster.bins.k8s_version, "binary": str(binary), "nodes": cluster.nodes,
+            "date": time.strftime("%Y-%m-%d"), "cluster": "kind"}
+    (out / f"{suite_name}-kind.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+    table = markdown(results, f"{suite_name}-kind", meta)
+    print(table)
+    if markdown_to:
+        write_table(Path(markdown_to), f"{suite_name}-kind", table)
+    return 1 if any(v["state"] == "failed" for v in results["kxlb"].values()) else 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kxlb.lab.e2e", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -189,11 +213,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--focus", default=None, help="a regex instead of the suite's focus")
     ap.add_argument("--procs", type=int, default=4,
                     help="parallel ginkgo processes (default 4; [Serial] specs run alone at the end)")
+    ap.add_argument("--cluster", choices=("lab", "kind"), default="lab",
+                    help="lab: the real-kubelet lab, both proxies (default); kind: the kind cluster of "
+                         "`make kind` (lab/kind.py), brought up if it is not, with kxlb only (it has no kube-proxy)")
     args = ap.parse_args(argv)
     proxies = args.proxy or list(DEFAULT_PROXIES)
     suite = SUITES[args.suite] if not args.focus else Suite(args.focus, "custom focus")
     out = Path(args.out or Path(args.workdir) / "results")
     binary = e2e_binary()
+    if args.cluster == "kind":
+        return run_on_kind(binary, suite, args.suite, out, procs=args.procs, markdown_to=args.markdown)
     lab = Lab(args.workdir, name=args.name, nodes=args.nodes, port_offset=args.port_offset, kubelet=True,
               proxy="none")
     results: dict[str, dict] = {}
