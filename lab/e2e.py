@@ -139,9 +139,9 @@ def markdown(results: dict[str, dict[str, dict]], suite: str, meta: dict) -> str
     totals = ", ".join(f"{p}: {sum(v['state'] == 'passed' for v in results[p].values())}/{len(results[p])} passed"
                        for p in proxies)
     head = [f"### Suite `{suite}` ({totals})", "",
-            f"Kubernetes {meta.get('k8s_version')}, e2e.test from {meta.get('binary')}, "
-            f"{meta.get('nodes')} {'kind' if meta.get('cluster') == 'kind' else 'real-kubelet'} nodes, "
-            f"run {meta.get('date')}.", ""]
+            f"Kubernetes {meta.get('k8s_version')}, e2e.test from {meta.get('binary')}, " +
+            (f"kind (a control plane and {meta.get('nodes')} workers, lab/kind.py)" if meta.get("cluster") == "kind"
+             else f"{meta.get('nodes')} real-kubelet nodes") + f", run {meta.get('date')}.", ""]
     skipped = ["", "Not run on one machine (`--ginkgo.skip`):", ""] + [f"- `{r}`: {why}" for r, why in SKIPS]
     return "\n".join(head + lines + ([""] + ["Failures and skips:", ""] + notes if notes else []) + skipped) + "\n"
 
@@ -173,18 +173,23 @@ def merge_earlier(path: Path, results: dict[str, dict], meta: dict) -> dict[str,
 
 
 def run_on_kind(binary: Path, suite: Suite, suite_name: str, out: Path, *, procs: int,
-                markdown_to: Optional[str]) -> int:
+                markdown_to: Optional[str], keep: bool) -> int:
     """The suite against kxlb on the kind cluster (lab/kind.py; up if it is not): its
-    table is its own (suite name ``<suite>-kind``), beside the lab's."""
+    table is its own (suite name ``<suite>-kind``), beside the lab's. A cluster this run
+    brought up is deleted afterwards unless *keep*; one that was up stays."""
     from .kind import KindCluster
 
     cluster = KindCluster()
+    was_up = cluster.status()["exists"]
     try:
         cluster.up()
         results = {"kxlb": run_suite(cluster, binary, suite, out / f"{suite_name}-kind" / "kxlb", procs=procs)}
     except LabError as exc:
         print(f"e2e: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if not (keep or was_up):
+            cluster.down()
     meta = {"k8s_version": cluster.bins.k8s_version, "binary": str(binary), "nodes": cluster.nodes,
             "date": time.strftime("%Y-%m-%d"), "cluster": "kind"}
     (out / f"{suite_name}-kind.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
@@ -222,7 +227,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     out = Path(args.out or Path(args.workdir) / "results")
     binary = e2e_binary()
     if args.cluster == "kind":
-        return run_on_kind(binary, suite, args.suite, out, procs=args.procs, markdown_to=args.markdown)
+        return run_on_kind(binary, suite, args.suite, out, procs=args.procs, markdown_to=args.markdown,
+                           keep=args.keep)
     lab = Lab(args.workdir, name=args.name, nodes=args.nodes, port_offset=args.port_offset, kubelet=True,
               proxy="none")
     results: dict[str, dict] = {}

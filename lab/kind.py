@@ -383,7 +383,9 @@ class KindCluster:
 
     @property
     def nodes(self) -> int:
-        return len(self.node_names())
+        """The nodes pods are scheduled on (the control plane is tainted): what the e2e
+        suite's --num-nodes counts."""
+        return len([n for n in self.node_names() if not n.endswith("-control-plane")])
 
     def exists(self) -> bool:
         r = self.kind("get", "clusters", check=False, timeout=60)
