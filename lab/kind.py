@@ -69,6 +69,7 @@ NODE_PACKAGES = ("systemd", "dbus", "conntrack", "iptables", "nftables", "iprout
                  "jq", "procps", "runc", "containernetworking-plugins", "iputils-ping", "socat")
 # kind's containerd config names this sandbox image; kubeadm's is images.PAUSE_IMAGE.
 KIND_PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+KIND_NETWORK = "kind"   # the Docker network kind puts its nodes on (one bridge)
 
 
 class KindError(LabError):
@@ -481,8 +482,11 @@ class KindCluster:
     # -- down ----------------------------------------------------------------------------------------
     def down(self) -> None:
         """Delete the cluster and stop dockerd. Idempotent, also after a crash."""
-        if self.docker.pids() and self.docker.answers() and self.exists():
-            self.kind("delete", "cluster", "--name", self.name, check=False)
+        if self.docker.pids() and self.docker.answers():
+            if self.exists():
+                self.kind("delete", "cluster", "--name", self.name, check=False)
+            # kind's network: its bridge (br-<id>) would outlive dockerd on the host.
+            self.docker("network", "rm", KIND_NETWORK, check=False)
         self.docker.stop()
         for p in RUN_DIR.glob(f"{self.name}*"):
             p.unlink(missing_ok=True)
