@@ -80,7 +80,9 @@ def cache_dir() -> Path:
     return Path(os.environ.get("KXLB_CACHE", "/var/cache/kxlb")) / "images"
 
 
-def _digest(*parts: bytes) -> str:
+def content_digest(*parts: bytes) -> str:
+    """16 hex digits of SHA-256 over *parts*, each length-prefixed (no two part lists that
+    differ give the same input): the cache keys of images built here."""
     h = hashlib.sha256()
     for p in parts:
         h.update(len(p).to_bytes(8, "big") + p)
@@ -326,7 +328,7 @@ class ImageBuild:
 
     def base_name(self, kind: str) -> str:
         packages = self.args[BASES[kind]].split()
-        key = _digest(json.dumps({"packages": sorted(packages), "suite": DEBIAN_SUITE, "sources": DEBIAN_SOURCES,
+        key = content_digest(json.dumps({"packages": sorted(packages), "suite": DEBIAN_SUITE, "sources": DEBIAN_SOURCES,
                                   "dpkg": DPKG_EXCLUDES, "variant": "essential+merged-usr",
                                   "date": self.debian_date()}, sort_keys=True).encode())
         return f"localhost/kxlb-{kind}:{DEBIAN_SUITE}-{key}"
@@ -378,7 +380,7 @@ class ImageBuild:
                 parts += [rel.encode(), b"->" + os.readlink(p).encode()]
             else:
                 parts += [rel.encode(), oct(p.stat().st_mode & 0o111).encode(), p.read_bytes()]
-        return _digest(*parts)
+        return content_digest(*parts)
 
     def build(self) -> Built:
         """The image of this checkout, built unless the store has it already."""

@@ -29,7 +29,6 @@ data root keeps the images for the next ``up`` (warm: a minute or two).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -46,7 +45,7 @@ import yaml
 from . import images, procs
 from .controlplane import BUILD_SH
 from .errors import LabError
-from .imagebuild import ImageBuild, debian_rootfs
+from .imagebuild import ImageBuild, content_digest, debian_rootfs
 from .kubelet import NodeImages
 
 REPO = Path(__file__).resolve().parent.parent
@@ -78,13 +77,6 @@ class KindError(LabError):
 
 def cache_dir() -> Path:
     return Path(os.environ.get("KXLB_CACHE", "/var/cache/kxlb")) / "kind"
-
-
-def _digest(*parts: bytes) -> str:
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(len(p).to_bytes(8, "big") + p)
-    return h.hexdigest()[:16]
 
 
 def _run(argv: list[str], what: str, *, env: Optional[dict] = None, stdin=None, input: Optional[str] = None,
@@ -171,8 +163,8 @@ class Docker:
         argv = [DOCKERD, f"--config-file={config}", f"--data-root={STATE_DIR}", f"--exec-root={RUN_DIR / 'exec'}",
                 f"--host=unix://{self.sock}", f"--pidfile={self.pidfile}", "--iptables=false", "--ip6tables=false",
                 "--ip-forward=false", "--ip-masq=false", "--bridge=none",
-                # containerd's state and socket beside ours, not /run/containerd (another containerd's)
-                f"--containerd-namespace=kxlb-kind", f"--containerd-plugins-namespace=kxlb-kind-plugins"]
+                # its containerd (socket and state under the exec root) keeps its objects in namespaces of its own
+                "--containerd-namespace=kxlb-kind", "--containerd-plugins-namespace=kxlb-kind-plugins"]
         env = {**self.env, MARKER_ENV: str(RUN_DIR)}
         with open(self.logfile, "a") as out:
             daemon = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -263,7 +255,7 @@ class NodeImage:
                  (NODE_DIR / "default-storage.yaml").read_bytes(), self.bins.stamp(),
                  json.dumps({ref: images.archive_digest(a) for ref, a in sorted(archives.items())}).encode()]
         parts += [str(p.relative_to(files)).encode() + p.read_bytes() for p in sorted(files.rglob("*")) if p.is_file()]
-        return _digest(*parts)
+        return content_digest(*parts)
 
     def ensure(self) -> str:
         archives = self.image_archives()
@@ -279,7 +271,7 @@ class NodeImage:
         return tag
 
     def _rootfs(self) -> str:
-        key = _digest(json.dumps(NODE_PACKAGES).encode(), time.strftime("%Y-%m").encode())
+        key = content_digest(json.dumps(NODE_PACKAGES).encode(), time.strftime("%Y-%m").encode())
         tag = f"kxlb-kind-rootfs:bookworm-{key}"
         if self.docker("image", "inspect", tag, check=False).returncode == 0:
             return tag

@@ -44,7 +44,7 @@ def refused(capsys, argv, line: str) -> None:
 # --- argparse's own errors ------------------------------------------------------------------
 @pytest.mark.parametrize("argv, line", [
     ([], "the following arguments are required: COMMAND"),
-    (["bogus"], "argument COMMAND: invalid choice: 'bogus' (choose from 'load', 'unload', 'service', 'cleanup', 'status', 'downgrade', 'gc', 'list', "
+    (["bogus"], "argument COMMAND: invalid choice: 'bogus' (choose from 'load', 'unload', 'service', 'cleanup', 'mount-bpffs', 'status', 'downgrade', 'gc', 'list', "
                 "'conntrack', 'stats', 'version', 'controller', 'demo', 'lab')"),
     (["--bogus", "list"], "unrecognized arguments: --bogus"),
     (["stats", "a\nb"], "unrecognized arguments: a\\nb"),            # still one line
