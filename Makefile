@@ -76,7 +76,8 @@ image: setup
 
 # kind on this machine (lab/kind.py, docs/kind.md): Debian's docker.io run as a dockerd of its
 # own (no firewall rule, no forwarding), a node image made here, deploy/kind-config.yaml, kxlb's
-# image and deploy/kxlb.yaml unchanged. Cold about 6 minutes after `make setup`, warm about 1.
+# image and deploy/kxlb.yaml unchanged. Cold about 3 minutes after `make setup`, 1.5 with its images
+# cached, seconds when it is up.
 kind: setup
 	$(SUDO) $(PY) -m kxlb.lab.kind up
 

@@ -28,6 +28,7 @@ from typing import Optional
 from . import controlplane as cpmod
 from .cluster import Lab
 from .errors import LabError
+from .images import ImageError
 from .proxies import PROXY_MODES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -184,7 +185,7 @@ def run_on_kind(binary: Path, suite: Suite, suite_name: str, out: Path, *, procs
     try:
         cluster.up()
         results = {"kxlb": run_suite(cluster, binary, suite, out / f"{suite_name}-kind" / "kxlb", procs=procs)}
-    except LabError as exc:
+    except (LabError, ImageError) as exc:
         print(f"e2e: error: {exc}", file=sys.stderr)
         return 2
     finally:

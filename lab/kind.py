@@ -45,7 +45,7 @@ import yaml
 from . import images, procs
 from .controlplane import BUILD_SH
 from .errors import LabError
-from .imagebuild import ImageBuild, content_digest, debian_rootfs
+from .imagebuild import ImageBuild, ImageError, content_digest, debian_rootfs
 from .kubelet import NodeImages
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,7 +68,11 @@ NODE_PACKAGES = ("systemd", "dbus", "conntrack", "iptables", "nftables", "iprout
                  "jq", "procps", "runc", "containernetworking-plugins", "iputils-ping", "socat")
 # kind's containerd config names this sandbox image; kubeadm's is images.PAUSE_IMAGE.
 KIND_PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
-KIND_NETWORK = "kind"   # the Docker network kind puts its nodes on (one bridge)
+# The Docker network kind puts its nodes on. Made here before kind runs (kind uses a network
+# of that name as it finds it), with a bridge name of ours: a crashed dockerd leaves its
+# bridges on the host, and this one is then found and deleted by name. IPv4 only, as the
+# cluster (kind's own would add an IPv6 ULA subnet), and no masquerade.
+KIND_NETWORK, KIND_BRIDGE = "kind", "kxlb-kind0"
 
 
 class KindError(LabError):
@@ -177,23 +181,54 @@ class Docker:
         self.log(f"kind: dockerd up (socket {self.sock}, data root {STATE_DIR})")
 
     def stop(self) -> None:
-        """Stop dockerd (it stops what runs in it) and its containerd, then unmount what a
-        crash may have left under the run and data directories."""
-        pids = self.pids()
-        for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, 10)):
-            for pid in pids:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and any(procs.alive(p) for p in pids):
-                time.sleep(0.2)
-            pids = [p for p in pids if procs.alive(p)]
-            if not pids:
-                break
+        """Stop dockerd, which stops its containers and then its containerd; then whatever a
+        crashed daemon left (containerd, shims, and the containers' processes under them);
+        then unmount what is left under the run and data directories, and delete kind's
+        bridge. The order matters: a shim that dies before its container leaves the
+        container running, reparented to the host's init, with nothing to find it by."""
+        dockerd = [p for p in self.pids() if procs.exe_name(p) == "dockerd"]
+        _terminate(dockerd, grace=90)
+        rest = self.pids()   # containerd and shims without their dockerd
+        for pid in rest:
+            for child in _children(pid):
+                if child not in rest:   # a container's init: the whole container goes with it
+                    _kill(child, signal.SIGKILL)
+        _terminate(rest, grace=20)
+        self.pidfile.unlink(missing_ok=True)
         for mnt in leftover_mounts():
             subprocess.run(["umount", "-l", mnt], capture_output=True)
+        if Path(f"/sys/class/net/{KIND_BRIDGE}").exists():
+            subprocess.run(["ip", "link", "del", KIND_BRIDGE], capture_output=True)
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _terminate(pids: list[int], grace: float) -> None:
+    """SIGTERM, *grace* seconds, then SIGKILL what is left (and 10 s more)."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
+        for pid in pids:
+            _kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and any(procs.alive(p) for p in pids):
+            time.sleep(0.2)
+        pids = [p for p in pids if procs.alive(p)]
+        if not pids:
+            return
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
 
 
 def leftover_mounts() -> list[str]:
@@ -331,7 +366,12 @@ class NodeImage:
                                 "--no-unpack", "--digests", "-", stdin=f, what=f"ctr import {ref}")
             self.docker(*ctr, "tag", "--force", images.PAUSE_IMAGE, KIND_PAUSE_IMAGE)
             self.docker(*ctr, "label", KIND_PAUSE_IMAGE, "io.cri-containerd.pinned=pinned")
-            self.docker("exec", name, "pkill", "containerd")
+            self.docker("exec", name, "pkill", "-x", "containerd")
+            deadline = time.monotonic() + 30
+            while self.docker("exec", name, "pgrep", "-x", "containerd", check=False).returncode == 0:
+                if time.monotonic() > deadline:
+                    raise KindError(f"containerd in {name} did not stop")
+                time.sleep(0.2)
             self.docker("commit", "--change", 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]',
                         "--change", "CMD []", name, tag, what=f"docker commit {tag}")
         finally:
@@ -410,10 +450,16 @@ class KindCluster:
         image = NodeImage(self.docker, self.bins, self.log).ensure()
         times["node image"] = time.monotonic() - t
         t = time.monotonic()
+        if self.exists() and not self.healthy():
+            # a crash (its nodes exited) or a create that failed half-way: start again
+            self.log(f"kind: cluster {self.name} exists but does not answer; deleting it to create it again")
+            self.kind("delete", "cluster", "--name", self.name)
         if not self.exists():
+            self.save_sysctls()
+            self.ensure_network()
             self.log(f"kind: creating cluster {self.name} from {KIND_CONFIG.relative_to(REPO)} on {image}")
             self.kind("create", "cluster", "--name", self.name, "--image", image, "--config", str(self.config()),
-                      "--kubeconfig", str(self.kubeconfig), "--retain")
+                      "--kubeconfig", str(self.kubeconfig))
         elif not self.kubeconfig.exists():
             self.kubeconfig.write_text(self.kind("get", "kubeconfig", "--name", self.name).stdout)
         times["create"] = time.monotonic() - t
@@ -435,6 +481,43 @@ class KindCluster:
             times["kxlb ready"] = time.monotonic() - t
         self.log("kind: up: " + ", ".join(f"{k} {v:.0f}s" for k, v in times.items()))
         return times
+
+    def healthy(self) -> bool:
+        """Every node container runs and the API server answers."""
+        for node in self.node_names():
+            r = self.docker("inspect", "-f", "{{.State.Running}}", node, check=False, timeout=30)
+            if r.stdout.strip() != "true":
+                return False
+        if not self.kubeconfig.exists():
+            self.kubeconfig.write_text(self.kind("get", "kubeconfig", "--name", self.name).stdout)
+        return self.kubectl("get", "--raw", "/readyz", check=False, timeout=30).returncode == 0
+
+    def ensure_network(self) -> None:
+        if self.docker("network", "inspect", KIND_NETWORK, check=False, timeout=30).returncode == 0:
+            return
+        self.docker("network", "create", "--driver=bridge", "-o", f"com.docker.network.bridge.name={KIND_BRIDGE}",
+                    "-o", "com.docker.network.bridge.enable_ip_masquerade=false", KIND_NETWORK)
+
+    # Host-wide sysctls the nodes' kubelets set (their containers are privileged, and these
+    # are not per network namespace): kubelet's setupKernelTunables. Saved before the first
+    # node starts, put back by down().
+    HOST_SYSCTLS = ("kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory", "kernel/keys/root_maxkeys",
+                    "kernel/keys/root_maxbytes")
+
+    @property
+    def sysctl_file(self) -> Path:
+        return RUN_DIR / f"{self.name}-host-sysctls.json"
+
+    def save_sysctls(self) -> None:
+        if not self.sysctl_file.exists():
+            self.sysctl_file.write_text(json.dumps(
+                {k: Path("/proc/sys", k).read_text().strip() for k in self.HOST_SYSCTLS}))
+
+    def restore_sysctls(self) -> None:
+        if self.sysctl_file.exists():
+            for k, v in json.loads(self.sysctl_file.read_text()).items():
+                Path("/proc/sys", k).write_text(v)
+            self.sysctl_file.unlink()
 
     def node_facts(self) -> dict[str, tuple[str, str]]:
         """{node: (InternalIP, pod CIDR)} from the API server."""
@@ -477,9 +560,9 @@ class KindCluster:
         if self.docker.pids() and self.docker.answers():
             if self.exists():
                 self.kind("delete", "cluster", "--name", self.name, check=False)
-            # kind's network: its bridge (br-<id>) would outlive dockerd on the host.
             self.docker("network", "rm", KIND_NETWORK, check=False)
-        self.docker.stop()
+        self.docker.stop()   # also what a crashed dockerd left, the bridge included
+        self.restore_sysctls()
         for p in RUN_DIR.glob(f"{self.name}*"):
             p.unlink(missing_ok=True)
 
@@ -519,7 +602,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(json.dumps(cluster.status(), indent=2))
         else:
             print(cluster.kubeconfig)
-    except LabError as exc:
+    except (LabError, ImageError) as exc:
         print(f"kind: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -18,18 +18,8 @@ from . import attach
 from .datapath import Unloaded, remove_pins, unload
 from .errors import KxlbError
 from .lock import WriterLock
-from .mounts import cgroup2_dir
+from .mounts import cgroup2_dir, cgroup2_root
 from .registry import Attachment
-
-
-def cgroup2_root() -> str | None:
-    """Where the unified cgroup hierarchy is mounted (None: nowhere)."""
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) > 2 and parts[2] == "cgroup2":
-                return parts[1]
-    return None
 
 
 def _ours_on(ipr, link, ns: str | None) -> list[Attachment]:
@@ -73,8 +63,11 @@ def cleanup(pin_dir: str, ns: str | None = None, cgroup: str | None = None, wait
     """Remove kxlb from this node: recorded attachments and pins, then what is found by
     name in ``ns`` and on ``cgroup`` (default: the cgroup2 root; a v1 hybrid layout's
     /sys/fs/cgroup means its unified/, as for the controller). Idempotent."""
-    if cgroup:
-        cgroup = cgroup2_dir(cgroup)
+    if cgroup and os.path.isdir(cgroup):
+        try:
+            cgroup = cgroup2_dir(cgroup)
+        except KxlbError:
+            pass   # no cgroup v2 there: nothing of ours can be attached to it (_by_name finds none)
     if not os.path.isdir(pin_dir):
         return _by_name(Unloaded(), ns, cgroup)
     with WriterLock(pin_dir).acquire(wait):

@@ -21,19 +21,28 @@ MOUNTINFO = "/proc/self/mountinfo"
 
 
 def fstype(path: str, mountinfo: str = MOUNTINFO) -> str | None:
-    """The file system type of the mount that holds *path*: the longest mount point
-    above it (the last one listed on a tie: mounted over the others). None: no mount
+    """The file system type of the mount that holds *path*: among the mount points above
+    it, the longest one whose device is *path*'s own (a mount hidden under a later one on
+    a parent directory has another device); by length alone when *path* cannot be
+    stat()ed. The last listed wins a tie: it is mounted over the others. None: no mount
     holds it (a path outside this mount namespace's view)."""
     real = os.path.realpath(path)
-    best, found = -1, None
+    try:
+        st = os.stat(real)
+        dev: str | None = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    except OSError:
+        dev = None
+    found: dict[bool, tuple[int, str | None]] = {True: (-1, None), False: (-1, None)}
     with open(mountinfo) as f:
         for line in f:
             fields = line.split()
             mnt = _unescape(fields[4])
-            inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
-            if inside and len(mnt) >= best:
-                best, found = len(mnt), fields[fields.index("-") + 1]
-    return found
+            if not (real == mnt or real.startswith(mnt.rstrip("/") + "/")):
+                continue
+            same_dev = fields[2] == dev
+            if len(mnt) >= found[same_dev][0]:
+                found[same_dev] = (len(mnt), fields[fields.index("-") + 1])
+    return found[True][1] if found[True][1] is not None else found[False][1]
 
 
 def _unescape(field: str) -> str:
@@ -70,6 +79,16 @@ def mount_bpffs(path: str) -> bool:
         hint = " (needs CAP_SYS_ADMIN in the initial user namespace)" if err == errno.EPERM else ""
         raise KxlbError(f"mounting a bpf filesystem on {path}: {os.strerror(err)}{hint}")
     return True
+
+
+def cgroup2_root(mountinfo: str = MOUNTINFO) -> str | None:
+    """Where the unified cgroup hierarchy is mounted (the first cgroup2 mount; None: none)."""
+    with open(mountinfo) as f:
+        for line in f:
+            fields = line.split()
+            if fields[fields.index("-") + 1] == CGROUP2_FS_TYPE:
+                return _unescape(fields[4])
+    return None
 
 
 def cgroup2_dir(cgroup: str, mountinfo: str = MOUNTINFO) -> str:

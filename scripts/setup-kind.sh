@@ -30,3 +30,11 @@ log "installing ${missing[*]} (nothing is started)"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# The packages enable their units: on a host booted with systemd the system's dockerd would
+# start at the next boot, with docker0, iptables rules and ip_forward=1. Masked (what
+# `systemctl mask` does, which also works here without systemd running); only what this
+# script installed, never a Docker the machine had before.
+for unit in docker.service docker.socket containerd.service; do
+  ln -sfn /dev/null "/etc/systemd/system/$unit"
+done
+log "masked docker.service, docker.socket and containerd.service (lab/kind.py runs its own dockerd)"

@@ -32,7 +32,9 @@ def host_state() -> dict:
             "ipv6_forwarding": Path("/proc/sys/net/ipv6/conf/all/forwarding").read_text(),
             "iptables": out("iptables-save"), "ip6tables": out("ip6tables-save"),
             "nft": out("nft", "list", "ruleset"),
-            "links": sorted(line.split(":")[1].strip().split("@")[0] for line in out("ip", "-o", "link").splitlines())}
+            "links": sorted(line.split(":")[1].strip().split("@")[0] for line in out("ip", "-o", "link").splitlines()),
+            # host-wide, and set by the nodes' kubelets (privileged containers)
+            "sysctls": {k: Path("/proc/sys", k).read_text() for k in KindCluster.HOST_SYSCTLS}}
 
 
 def normalise_rules(state: dict) -> dict:
@@ -126,7 +128,11 @@ def test_daemonset_is_ready_on_every_node(cluster):
         assert on_node(cluster, node, "findmnt", "-n", "-o", "FSTYPE", "/sys/fs/bpf") == "bpf"
         assert len(on_node(cluster, node, "ls", "/sys/fs/bpf/kxlb").split()) > 10, node
     logs = cluster.kubectl("-n", "kube-system", "logs", "ds/kxlb", "-c", "kxlb").stdout
-    assert "socket hooks go on its v2 hierarchy, /sys/fs/cgroup/unified" in logs, logs[-2000:]
+    hybrid = subprocess.run(["stat", "-f", "-c", "%T", "/sys/fs/cgroup"], capture_output=True,
+                            text=True).stdout.strip() != "cgroup2fs"
+    want = ("socket hooks go on its v2 hierarchy, /sys/fs/cgroup/unified" if hybrid
+            else "socket-level load balancing attached to cgroup /sys/fs/cgroup")
+    assert want in logs, logs[-2000:]
 
 
 def test_cluster_ip_and_dns_from_pods_and_nodes(cluster, service):
