@@ -29,6 +29,7 @@ data root keeps the images for the next ``up`` (warm: a minute or two).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -250,6 +251,7 @@ class NodeImage:
         self.docker, self.bins, self.log = docker, bins, log
         self.out = cache_dir()
 
+    @functools.cached_property
     def kind_files(self) -> Path:
         """kind's images/base/files, from the kind module build.sh fetched."""
         gomodcache = _run([self._go(), "env", "GOMODCACHE"], "go env GOMODCACHE").stdout.strip()
@@ -285,7 +287,7 @@ class NodeImage:
         return archives
 
     def key(self, archives: dict[str, Path]) -> str:
-        files = self.kind_files()
+        files = self.kind_files
         parts = [json.dumps(NODE_PACKAGES).encode(), (NODE_DIR / "Dockerfile").read_bytes(),
                  (NODE_DIR / "default-storage.yaml").read_bytes(), self.bins.stamp(),
                  json.dumps({ref: images.archive_digest(a) for ref, a in sorted(archives.items())}).encode()]
@@ -326,7 +328,7 @@ class NodeImage:
         with tempfile.TemporaryDirectory(prefix="kxlb-kind-node-") as d:
             ctx = Path(d)
             shutil.copy(NODE_DIR / "Dockerfile", ctx / "Dockerfile")
-            shutil.copytree(self.kind_files(), ctx / "files")
+            shutil.copytree(self.kind_files, ctx / "files")
             (ctx / "bin").mkdir()
             (ctx / "local").mkdir()
             for name, src in (("kubelet", self.bins.node), ("kubeadm", self.bins.kind),
