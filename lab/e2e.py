@@ -185,20 +185,27 @@ def run_on_kind(binary: Path, suite: Suite, suite_name: str, out: Path, *, procs
     try:
         cluster.up()
         results = {"kxlb": run_suite(cluster, binary, suite, out / f"{suite_name}-kind" / "kxlb", procs=procs)}
+        # read while the cluster is up: down() below leaves no node to count
+        meta = {"k8s_version": cluster.bins.k8s_version, "binary": str(binary), "nodes": cluster.nodes,
+                "date": time.strftime("%Y-%m-%d"), "cluster": "kind"}
     except (LabError, ImageError) as exc:
         print(f"e2e: error: {exc}", file=sys.stderr)
         return 2
     finally:
         if not (keep or was_up):
             cluster.down()
-    meta = {"k8s_version": cluster.bins.k8s_version, "binary": str(binary), "nodes": cluster.nodes,
-            "date": time.strftime("%Y-%m-%d"), "cluster": "kind"}
-    (out / f"{suite_name}-kind.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
-    table = markdown(results, f"{suite_name}-kind", meta)
+    return report(out, f"{suite_name}-kind", results, meta, markdown_to)
+
+
+def report(out: Path, name: str, results: dict[str, dict], meta: dict, markdown_to: Optional[str]) -> int:
+    """Write the run's JSON (``out/<name>.json``) and its table (printed, and between
+    *name*'s markers in *markdown_to*); 1 if any spec failed."""
+    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+    table = markdown(results, name, meta)
     print(table)
     if markdown_to:
-        write_table(Path(markdown_to), f"{suite_name}-kind", table)
-    return 1 if any(v["state"] == "failed" for v in results["kxlb"].values()) else 0
+        write_table(Path(markdown_to), name, table)
+    return 1 if any(v["state"] == "failed" for r in results.values() for v in r.values()) else 0
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -247,13 +254,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     meta = {"k8s_version": (lab.read_state() or {}).get("k8s_version"), "binary": str(binary),
             "nodes": lab.nodes, "date": time.strftime("%Y-%m-%d")}
     results = merge_earlier(out / f"{args.suite}.json", results, meta)
-    (out / f"{args.suite}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
-    table = markdown(results, args.suite, meta)
-    print(table)
-    if args.markdown:
-        write_table(Path(args.markdown), args.suite, table)
-    failed = [(p, n) for p, r in results.items() for n, v in r.items() if v["state"] == "failed"]
-    return 1 if failed else 0
+    return report(out, args.suite, results, meta, args.markdown)
 
 
 if __name__ == "__main__":

@@ -462,8 +462,6 @@ class KindCluster:
             self.log(f"kind: creating cluster {self.name} from {KIND_CONFIG.relative_to(REPO)} on {image}")
             self.kind("create", "cluster", "--name", self.name, "--image", image, "--config", str(self.config()),
                       "--kubeconfig", str(self.kubeconfig))
-        elif not self.kubeconfig.exists():
-            self.kubeconfig.write_text(self.kind("get", "kubeconfig", "--name", self.name).stdout)
         times["create"] = time.monotonic() - t
         t = time.monotonic()
         self.cni()
