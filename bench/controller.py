@@ -127,8 +127,8 @@ class BenchCluster:
             raise
         return self
 
-    def controller(self, wait_ready: bool = True):
-        self.ctl = self.c.ControllerProcess(self.cp, self.lab, test_periods=False)
+    def controller(self, wait_ready: bool = True, extra: list[str] | None = None):
+        self.ctl = self.c.ControllerProcess(self.cp, self.lab, extra=extra, test_periods=False)
         self.ctl.start(wait_ready=wait_ready)
         return self.ctl
 

@@ -31,6 +31,7 @@ from .node import (NodePortSelection, decode_node, interface_addresses, masquera
                    nodeport_selection, select_nodeport_addresses)
 from .programmer import ApplyResult, Programmer
 from .runner import BoundedFrequencyRunner
+from .sweep import DriftSweep
 from .tracker import ChangeTracker
 
 log = logging.getLogger("kxlb.controller")
@@ -50,7 +51,7 @@ class ControllerConfig:
     node_name: str
     min_sync_period: float = 0.0     # seconds between two syncs at least (kube-proxy: 1 s)
     reconcile_period: float = 30.0   # a run at least this often (kube-proxy's syncPeriod: 30 s)
-    full_sync_period: float = 3600.0  # full resync + drift repair (kube-proxy's FullSyncPeriod: 1 h)
+    full_sync_period: float = 3600.0  # every map checked for drift once a period (kube-proxy's FullSyncPeriod: 1 h)
     timing: WatchTiming | None = None
     cluster_cidrs: tuple[str, ...] = ()  # one per family: clients outside are masqueraded (--cluster-cidr)
     masquerade_address: str | None = None  # default: the Node's InternalIP (of each family)
@@ -118,7 +119,9 @@ class Controller:
         for fam in FAMILIES:
             self.metrics.endpoints_programmed.labels(fam.name).set_function(
                 lambda fam=fam: self.programmer.table.slots_used_by(fam))
-        self._next_full = 0.0
+        self._sweep = DriftSweep(config.full_sync_period)   # the drift check, spread over the period
+        self._sweep_keys: list = []
+        self._sweep_entries: list = []
         self._started = time.time()      # network-programming latency: only changes after this
         self.health = ProxyHealth(2 * config.reconcile_period)
         self.runner = BoundedFrequencyRunner("sync", self._run_once, config.min_sync_period,
@@ -277,20 +280,41 @@ class Controller:
             self.runner.loop()
 
     def _run_once(self) -> None:
-        """One run of the sync runner: incremental, or full with drift repair when the
-        full-sync period has passed (or the last run failed). A full sync reads every map
-        (about 4 s at 20k Services here) and holds back changes meanwhile, so it is rare,
-        as kube-proxy's full syncs are."""
-        if self._force_full or time.monotonic() >= self._next_full:
+        """One run of the sync runner: incremental, then the share of the drift check
+        that is due (controller/sweep.py). Full, with every map read, only at the start
+        (adoption), after a failed run, and when the check found drift."""
+        if self._force_full:
             self.reconcile()
-            self._next_full = time.monotonic() + self.config.full_sync_period
-            if self._force_full and not self.metrics.ready.is_set():
+            self._sweep.checked_all(time.monotonic())
+            if not self.metrics.ready.is_set():
                 gc.freeze()  # the caches just built are long-lived: keep the collector off them
                 self.metrics.ready.set()
             self._force_full = False
         else:
             self.sync(full=False)
+            self._check_drift()
         self.health.updated()
+
+    def _check_drift(self) -> None:
+        """This run's share of the drift check: the service ports and frontend entries of
+        the cycle that are due. Drift is rare (an edit behind our back): the repair is the
+        full pass, which reads every map and rewrites what differs."""
+        new, lo, hi = self._sweep.step(time.monotonic())
+        if new:
+            self._sweep_keys = list(self.programmer.current)
+            self._sweep_entries = self.programmer.table.frontend_snapshot()
+            self._count_map_entries()
+            self._udp_changed = True          # the cycle's UDP conntrack scan, in this run
+            self._service_state_changed = True
+        t0 = time.perf_counter()
+        found = self.programmer.drift(DriftSweep.part(self._sweep_keys, lo, hi),
+                                      DriftSweep.part(self._sweep_entries, lo, hi))
+        self.metrics.drift_check_duration.observe(time.perf_counter() - t0)
+        if found:
+            more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+            log.warning("drift in the maps: %s%s; reading every map to repair it", ", ".join(found[:3]), more)
+            self.reconcile()
+            self._sweep.checked_all(time.monotonic())
 
     def _sync_failed(self, exc: BaseException) -> None:
         """A run raised: count it, forget what the table believes the maps hold (a write
@@ -382,8 +406,9 @@ class Controller:
             self._no_local.subtract(old.no_local)
         self._health_checks.update(new.health_checks)
         self._udp_serving.update(new.udp_serving)
-        if (old.udp_serving if old is not None else {}) != new.udp_serving:
-            self._udp_changed = True
+        if old is not None and any(not serving <= new.udp_serving.get(k, frozenset())
+                                   for k, serving in old.udp_serving.items()):
+            self._udp_changed = True   # an endpoint stopped serving: its UDP flows are stale
         self._no_local.update(new.no_local)
         if (old is not None and (old.health_checks or any(old.no_local.values()))) or new.health_checks or \
                 any(new.no_local.values()):
@@ -391,8 +416,9 @@ class Controller:
 
     def _clean_udp_conntrack(self, full: bool) -> None:
         """kube-proxy rescans after every sync (controller/conntrack.py); a stale flow can
-        only appear when a serving set changes (or one raced the write of the change), so
-        the scan runs on those syncs and on every full one."""
+        only appear when an endpoint stops serving (or one raced the write of that change),
+        so the scan runs on those syncs, on every full one, and once a drift cycle (for
+        the racers)."""
         if not self._udp_serving or not (full or self._udp_changed):
             return
         self._udp_changed = False
@@ -421,7 +447,8 @@ class Controller:
             # nodePortAddresses match all of, else the family's NodePort addresses
             listen = {fam: None if sel.match_all else tuple(a for a in node.nodeport_addresses if family_of(a) == fam)
                       for fam, sel in ((IPV4, self._nodeport_selection[4]), (IPV6, self._nodeport_selection[6]))}
-            self.healthchecks.sync(dict(self._health_checks), listen)
+            if self.healthchecks.sync(dict(self._health_checks), listen):
+                self._service_state_changed = True   # a port not bound: tried again next sync
 
     def _apply_config(self) -> None:
         with self._lock:
@@ -453,20 +480,23 @@ class Controller:
                      "range)", *want.src_ports)
 
     def reconcile(self) -> None:
-        """Periodic: a full sync from the caches, then repair of what was changed in the
-        maps behind our back."""
+        """A full sync from the caches, then repair of what was changed in the maps
+        behind our back (the first sync's read of the maps is that repair)."""
         just_read = not self.programmer.table.loaded  # the sync starts by reading the maps
         self.sync(full=True)
         repaired = self.programmer.reconcile(just_read)
         if repaired:
             self.metrics.drift_repaired.inc(len(repaired))
+        self._count_map_entries()
+
+    def _count_map_entries(self) -> None:
+        """The map-entry gauges, once a drift cycle (conntrack's count is a read of it)."""
         cur = self.programmer.current
         v6 = sum(1 for k in cur if ":" in k.vip)
         for fam, n in ((V4, len(cur) - v6), (V6, v6)):
             self.metrics.map_entries.labels("services" + fam.suffix).set(n)
             self.metrics.map_entries.labels("backends" + fam.suffix).set(self.programmer.table.slots_used_by(fam))
-            self.metrics.map_entries.labels("conntrack" + fam.suffix).set(
-                sum(1 for _ in fam.map(self.maps, "conntrack").keys()))
+            self.metrics.map_entries.labels("conntrack" + fam.suffix).set(fam.map(self.maps, "conntrack").items_raw()[2])
 
 
 class SyncIncomplete(Exception):

@@ -57,11 +57,12 @@ class HealthCheckServers:
                            "serviceProxyHealthy": healthy}, indent="\t").encode()
         return 200 if count and healthy else 503, {**JSON, "X-Load-Balancing-Endpoint-Weight": str(count)}, body
 
-    def sync(self, wanted: dict[Key, tuple[int, int]], listen: dict[str, tuple[str, ...] | None]) -> None:
+    def sync(self, wanted: dict[Key, tuple[int, int]], listen: dict[str, tuple[str, ...] | None]) -> int:
         """``wanted``: (service, family) -> (port, local ready endpoints of the family);
         ``listen``: family -> its addresses, None for every address of the family.
         Opens, closes and updates servers; a port that cannot be bound is reported and
-        retried next sync."""
+        retried next sync. Returns how many could not be bound."""
+        failed = 0
         hosts = {key: (WILDCARD[key[1]],) if listen.get(key[1], ()) is None else listen.get(key[1], ())
                  for key in wanted}
         with self._lock:
@@ -88,9 +89,11 @@ class HealthCheckServers:
                 log.error("%s health check of %s: cannot listen on port %d: %s", key[1], key[0], port, exc)
                 if self.on_error:
                     self.on_error(key[0], port, exc)
+                failed += 1
                 continue
             log.info("%s health check of %s on port %d (%s)", key[1], key[0], port, ", ".join(hosts[key]))
             self._servers[key] = (port, hosts[key], servers)
+        return failed
 
     def close(self) -> None:
         self.sync({}, {})

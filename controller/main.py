@@ -315,8 +315,8 @@ def register(sub) -> None:
                    help=f"seconds between two runs of the sync loop at most (kube-proxy's syncPeriod; also half "
                         f"the health timeout; default {DEFAULTS['reconcile_period']})")
     p.add_argument("--full-sync-period", type=float,
-                   help=f"seconds between full resyncs with drift repair of the maps (kube-proxy's "
-                        f"FullSyncPeriod; default {DEFAULTS['full_sync_period']:g})")
+                   help=f"every map is checked for drift (and repaired) once in this many seconds, a share per "
+                        f"sync (kube-proxy's FullSyncPeriod; default {DEFAULTS['full_sync_period']:g})")
     p.add_argument("--metrics-bind-address",
                    help=f"HOST:PORT for /metrics, /proxyMode, /healthz, /livez, /readyz (default "
                         f"{DEFAULTS['metrics_bind_address']})")

@@ -63,6 +63,10 @@ class Metrics:
         self.map_capacity = Gauge("kxlb_map_capacity", "Capacity of a BPF map", ["map"], registry=r)
         self.drift_repaired = Counter("kxlb_drift_repaired_total",
                                       "Services found altered in the maps and rewritten", registry=r)
+        self.drift_check_duration = Histogram(
+            "kxlb_drift_check_duration_seconds",
+            "Time of one sync run's share of the drift check (the whole node once a full-sync period)",
+            registry=r, buckets=SYNC_BUCKETS)
         self.objects_skipped = Counter("kxlb_objects_skipped_total", "Objects or ports skipped as invalid",
                                        ["kind"], registry=r)
         # Labelled by family as kube-proxy's (a dual-stack kube-proxy runs one proxier each).

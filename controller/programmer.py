@@ -112,6 +112,13 @@ class Programmer:
             res.transient |= isinstance(exc, MapWriteError)
         return False
 
+    def drift(self, keys: list[ServiceKey], entries: list) -> list[str]:
+        """What differs in the maps from what this table wrote, among the service ports
+        ``keys`` and the frontend entries ``entries`` (of table.frontend_snapshot()), each
+        described; [] when the maps hold what was written. A piece of the drift check that
+        controller/sweep.py spreads over the full-sync period; reconcile() repairs."""
+        return [str(k) for k in self.table.drifted(keys)] + self.table.stray_entries(entries)
+
     def reconcile(self, just_read: bool = False) -> list[ServiceKey]:
         """Rewrite every service port whose map content differs from what we wrote (an
         entry deleted, altered or added by hand). Returns the keys repaired.

@@ -477,6 +477,82 @@ class ServiceTable:
         bs = (backends.get(BackendKey(svc_id=v.svc_id, slot=i, gen=v.gen, set=SETS[0])) for i in range(v.count))
         return tuple(Backend.from_c(b) for b in bs if b is not None)
 
+    # --- drift checks a piece at a time (controller/sweep.py) -----------------------------
+    def drifted(self, keys: Iterable[ServiceKey]) -> list[ServiceKey]:
+        """Of ``keys`` (service ports of the record), those whose content in the maps is not
+        what the record says: each read back with direct lookups of the frontends the record
+        gives it, their slots, Maglev chunks and its cluster IP's marker. No scan: checking
+        a few hundred costs milliseconds whatever the node holds, so a controller can spread
+        the check of every service port over its full-sync period. Entries the record does
+        not know of are stray_entries()' to find."""
+        states = self.states
+        by_fam: dict[Family, dict[int, list[tuple[ServiceKey, SvcValue]]]] = {}
+        want: dict[tuple[Family, int], ServiceState] = {}
+        out: list[ServiceKey] = []
+        for key in keys:
+            st = states.get(key)
+            if st is None:
+                continue  # deleted since the key was picked: nothing to check
+            fam = key.family
+            svc = fam.map(self.maps, "services")
+            entries = [(fe.key, v) for fe in st.spec.all_frontends
+                       if (v := svc.get(fe.key.to_c())) is not None and v.kind != MARKER and v.svc_id == st.svc_id]
+            marker = svc.get(_marker_key(key.vip))
+            if not entries or marker is None or marker.kind != MARKER:
+                out.append(key)
+                continue
+            by_fam.setdefault(fam, {})[st.svc_id] = entries
+            want[(fam, st.svc_id)] = st
+        for fam, by_id in by_fam.items():
+            for got in self._read_ids(fam, by_id):
+                st = want[(fam, got.svc_id)]
+                if got.key != st.key or got.spec != st.spec:
+                    out.append(st.key)
+        return out
+
+    def frontend_snapshot(self) -> list[tuple[Family, bytes, int, int]]:
+        """Every entry of both families' frontend maps, read in batches: (family, packed
+        key, kind, svc_id), for stray_entries() to go through a piece at a time."""
+        out = []
+        for fam in FAMILIES:
+            keys, vals, n = fam.map(self.maps, "services").items_raw()
+            ks, words = fam.svc_key.size, array.array("I", vals)   # svc_value: five 32-bit words
+            out.extend((fam, keys[i * ks:(i + 1) * ks], words[i * 5 + 2] >> 8 & 0xff, words[i * 5])
+                       for i in range(n))
+        return out
+
+    def stray_entries(self, snapshot: Iterable[tuple[Family, bytes, int, int]]) -> list[str]:
+        """Of a frontend_snapshot()'s entries, those the record does not account for and
+        that are still in the map as they were: a frontend no service port of the record
+        has under that id, or a marker of an address no cluster IP of the record uses
+        (each described). Entries written or deleted by this table since the snapshot are
+        the record's and are not reported."""
+        self.states  # load the record
+        out = []
+        for fam, raw, kind, svc_id in snapshot:
+            c_key = fam.SvcKey.from_buffer_copy(raw)
+            if kind == MARKER:
+                vip = fam.c_addr(c_key.vip)
+                if vip in self._vip_users:
+                    continue
+                now = fam.map(self.maps, "services").get(c_key)
+                if now is not None and now.kind == MARKER and vip not in self._vip_users:
+                    out.append(f"marker of {vip}")
+                continue
+            key = ServiceKey.from_c(c_key)
+            owner = self._owner.get(key)
+            st = self._states.get(owner) if owner is not None else None
+            if st is not None and st.svc_id == svc_id:
+                continue
+            now = fam.map(self.maps, "services").get(c_key)
+            if now is None or now.kind == MARKER:
+                continue
+            owner = self._owner.get(key)
+            st = self._states.get(owner) if owner is not None else None
+            if st is None or st.svc_id != now.svc_id:
+                out.append(f"frontend {key} (service id {now.svc_id})")
+        return out
+
     def _read_ids(self, fam: Family, by_id: dict[int, list[tuple[ServiceKey, SvcValue]]]) -> list[ServiceState]:
         """Service ports from their frontends' entries, their slots and tables read with
         direct lookups (no scan of the backend and Maglev maps)."""

@@ -242,3 +242,44 @@ def test_network_programming_latency_is_one_sample_per_slice_change(lab):
     finally:
         ctl.stop()
         maps.close()
+
+
+def test_the_drift_check_is_spread_over_the_full_sync_period_and_still_repairs(cp, api, lab, ns):
+    """kube-proxy's hourly full resync, as kxlb does it: every service port is read back
+    once a full-sync period, a share per run (controller/sweep.py), so no run holds changes
+    back for a read of every map. 40 service ports, a period of 4 s, runs every 0.25 s:
+    runs check a few each, every one is checked within the period, and an edit behind the
+    controller's back is repaired in the cycle that reaches it."""
+    from kxlb.loader.layout import Backend
+    from kxlb.loader.services import ServiceTable
+
+    keys = [ServiceKey(make_service(api, ns, f"d{i}", [("http", 80, "TCP")], [(ip, READY) for ip in backend_ips(lab)])
+                       ["spec"]["clusterIP"], 80, 6) for i in range(40)]
+    compile_datapath(lab.pin_dir)
+    maps = Maps.open(lab.pin_dir)
+    ctl = Controller(api, maps, ControllerConfig(node_name="lab-node", reconcile_period=0.25, full_sync_period=4.0,
+                                                 healthcheck_servers=False))
+    checked: list[list[ServiceKey]] = []
+    real = ctl.programmer.drift
+
+    def drift(keys_, entries):
+        checked.append(list(keys_))
+        return real(keys_, entries)
+    ctl.programmer.drift = drift
+    ctl.start()
+    try:
+        wait(lambda: all(programmed(ctl, k) for k in keys), 30, "every service port programmed")
+        # The first sync read everything: the next cycle starts 4 s later.
+        wait(lambda: set(keys) <= {k for part in checked for k in part}, 15, "every service port read back")
+        shares = [len(part) for part in checked if part]
+        assert max(shares) <= 20 and len(shares) >= 6   # in many small shares, never all at once
+        repaired = ctl.metrics.drift_repaired._value.get()
+        with Maps.open(lab.pin_dir) as other:          # another tool, behind its back
+            ServiceTable(other).set_backends(keys[7], [Backend("10.9.9.9", 1)])
+        assert [str(b.addr) for b in programmed(ctl, keys[7])] == ["10.9.9.9"]
+        wait(lambda: sorted(b.addr for b in programmed(ctl, keys[7])) == sorted(backend_ips(lab)), 12,
+             "the edit repaired within a cycle or two")
+        wait(lambda: ctl.metrics.drift_repaired._value.get() >= repaired + 1, 5, "the repair counted")
+    finally:
+        ctl.stop()
+        maps.close()
