@@ -215,7 +215,7 @@ def main() -> None:
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the control plane and lab are cleaned up
     r = run(a.services, a.rate, a.seconds, a.full_sync_period)
-    print("\n| services x 10 endpoints | start to ready s | churn updates/s | write start to maps p50 / p99 ms "
+    print("\n| services x 10 endpoints | full resync every | start to ready s | churn updates/s | write start to maps p50 / p99 ms "
           "| write response to maps p50 / p99 ms | write start to watch event p50 / p99 ms | watch event to maps p50 / p99 ms "
           "| controller CPU cores | controller RSS MB | max ms |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

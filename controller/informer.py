@@ -10,13 +10,16 @@ Shared by the controller and the lab's pod agent (``lab/podagent.py``).
   is deleted and the informer is synced; the same stream then carries on as the watch.
   A server that rejects it (or ends the stream without that bookmark) is listed instead, and
   this informer does not try watch-list again.
-- List: ``resourceVersion="0"`` (served from the API server's watch cache, no pagination: the
-  cache ignores ``limit``); after a 410 the list asks for the last seen resourceVersion; on
-  410 Gone or "Too large resource version" it falls back to a quorum list
-  (``resourceVersion`` unset), as client-go does.
-- Lists are parsed from raw JSON (``_preload_content=False``; no model objects). A relist
-  emits the difference against the cache as adds/updates/deletes; the cache is never cleared
-  to start over, so the datapath is never flushed.
+- List: ``resourceVersion="0"`` (the API server's watch cache) at first; after a 410 the list
+  asks for the last seen resourceVersion; on 410 Gone or "Too large resource version" it falls
+  back to a quorum list (``resourceVersion`` unset), as client-go does.
+- Lists are paged as client-go's pager pages them (``limit`` 500, then ``continue``; a server
+  that ignores ``limit`` answers in one page), and each page is parsed from raw JSON
+  (``_preload_content=False``; no model objects) and handed over before the next is asked
+  for: 30k Services are never all in memory as dicts at once. A continue token that expired
+  (410) restarts the list in one page, as client-go's ``FullListIfExpired``. A relist emits
+  the difference against the cache as adds/updates/deletes; the cache is never cleared to
+  start over, so the datapath is never flushed.
 - Watch from the last resourceVersion with bookmarks, ``timeoutSeconds`` random in
   [min, 2*min] (5-10 min: nodes do not reconnect in lockstep after an API server restart)
   and a client read timeout (90 s): the API server sends a bookmark about every minute, so a
@@ -84,6 +87,7 @@ class WatchTiming:
     backoff_jitter: float = 1.0
     short_watch_s: float = 1.0       # a watch ending sooner with no event backs off
     watch_list: bool = True          # try sendInitialEvents streams first
+    page_size: int = 500             # objects per list page (client-go's pager); 0: one page
 
 
 class Backoff:
@@ -356,43 +360,73 @@ class Informer:
         return self.resource_version or "0"
 
     def relist(self) -> None:
-        """List, then emit the difference against the cache (which is kept, not cleared)."""
-        t = self.timing
+        """List page by page, each page's objects handed over (as the difference against the
+        cache) before the next page is asked for; then what the cache holds beyond the list
+        is deleted. An ``on_list`` consumer gets the pages whole, at the end."""
+        rv = self.list_resource_version()
+        limit, cont = self.timing.page_size, None
+        seen: set[str] = set()
+        whole: list[dict] = []
+        list_rv, pages = None, 0
         while True:
-            rv = self.list_resource_version()
-            extra = {"resource_version": rv} if rv else {}
+            params: dict = {"limit": limit} if limit else {}
+            if cont:
+                params["_continue"] = cont   # the list's own snapshot: no resourceVersion with it
+            elif rv:
+                params["resource_version"] = rv
             try:
-                resp = self.list_fn(**self.kwargs, **extra, _preload_content=False,
-                                    _request_timeout=(t.connect_timeout_s, t.read_timeout_s))
-                break
+                data = self._list_page(params)
             except Exception as exc:
                 err = _classify(exc)
-                if isinstance(err, (Gone, TooLarge)) and rv:
+                if not isinstance(err, (Gone, TooLarge)):
+                    raise
+                if cont:
+                    log.info("%s: list continuation expired (%s); listing again in one page", self.name,
+                             type(err).__name__)
+                    limit, cont, list_rv = 0, None, None
+                    seen, whole = set(), []
+                    continue
+                if rv:
                     log.info("%s: list at resourceVersion %s: %s; listing from etcd", self.name, rv,
                              type(err).__name__)
-                    self.rv_unavailable = True
+                    self.rv_unavailable, rv = True, ""
                     continue
                 raise
-        try:
-            data = json.loads(resp.data)
-        finally:
-            resp.release_conn()
-        items = data.get("items") or []
-        self._replace(items, data["metadata"]["resourceVersion"])
-        log.info("%s: listed %d objects at resourceVersion %s (asked %r)", self.name, len(items),
+            meta = data.get("metadata") or {}
+            list_rv = list_rv or meta["resourceVersion"]
+            items = data.get("items") or []
+            pages += 1
+            if self.on_list is not None:
+                whole.extend(items)
+            else:
+                for obj in items:
+                    self._initial(obj, seen)
+            cont = meta.get("continue") or None
+            del data, items
+            if not cont:
+                break
+        if self.on_list is not None:
+            self._replace(whole, list_rv)
+        else:
+            self._initial_end(seen, list_rv)
+        log.info("%s: listed %d objects in %d page%s at resourceVersion %s (asked %r)", self.name,
+                 len(whole) if self.on_list is not None else len(seen), pages, "" if pages == 1 else "s",
                  self.resource_version, rv)
 
+    def _list_page(self, params: dict) -> dict:
+        t = self.timing
+        resp = self.list_fn(**self.kwargs, **params, _preload_content=False,
+                            _request_timeout=(t.connect_timeout_s, t.read_timeout_s))
+        try:
+            return json.loads(resp.data)
+        finally:
+            resp.release_conn()
+
     def _replace(self, items: list[dict], rv: str) -> None:
-        """A complete state: to ``on_list`` whole, else as the difference against the cache."""
-        if self.on_list is not None:
-            self.store = {object_key(o): (o.get("metadata") or {}).get("resourceVersion") for o in items}
-            self.on_list(items)
-            self._synced_at(rv)
-            return
-        seen: set[str] = set()
-        for obj in items:
-            self._initial(obj, seen)
-        self._initial_end(seen, rv)
+        """A complete state for ``on_list``, whole."""
+        self.store = {object_key(o): (o.get("metadata") or {}).get("resourceVersion") for o in items}
+        self.on_list(items)
+        self._synced_at(rv)
 
     def _initial(self, obj: dict, seen: set[str]) -> None:
         """One object of a complete state, handed over at once if it is new or changed (a

@@ -26,7 +26,8 @@ class Recorder:
         self.fn, self.calls = fn, []
 
     def __call__(self, **kw):
-        self.calls.append({k: v for k, v in kw.items() if not k.startswith("_") and k not in ("namespace", "label_selector")})
+        self.calls.append({k: v for k, v in kw.items()
+                           if (k == "_continue" or not k.startswith("_")) and k not in ("namespace", "label_selector")})
         return self.fn(**kw)
 
 
@@ -133,7 +134,7 @@ def test_first_list_from_watch_cache_then_watch_with_random_timeout(api, ns):
     inf.start()
     try:
         assert inf.synced.wait(10)
-        assert rec.calls[0] == {"resource_version": "0"}  # the watch cache; no resourceVersionMatch, no limit
+        assert rec.calls[0] == {"resource_version": "0", "limit": 500}  # the watch cache; no resourceVersionMatch
         assert {("ADDED", f"{ns}/a"), ("ADDED", f"{ns}/b")} <= set(ev.seen)
         configmaps(api, ns, "c")
         ev.wait(("ADDED", f"{ns}/c"))
@@ -145,6 +146,32 @@ def test_first_list_from_watch_cache_then_watch_with_random_timeout(api, ns):
         inf.stop()
     timeouts = {inf.watch_timeout() for _ in range(50)}
     assert len(timeouts) > 10 and min(timeouts) >= 300 and max(timeouts) <= 600
+
+
+@pytest.mark.parametrize("quorum", [False, True], ids=["watch-cache", "etcd"])
+def test_a_list_is_paged_and_each_page_handed_over_before_the_next_is_asked_for(api, ns, quorum):
+    """client-go's pager: ``limit`` then ``continue`` until the list ends; the handler has a
+    page's objects before the next page is requested (never the whole list in memory), and
+    the deletions of a relist come after the last page."""
+    configmaps(api, ns, *(f"p{i:02d}" for i in range(12)))
+    ev = Events()
+    inf, rec = cm_informer(api, ns, WatchTiming(watch_list=False, page_size=5), ev)
+    inf.rv_unavailable = quorum
+    seen_at_call = []
+    real = rec.fn
+    rec.fn = lambda **kw: (seen_at_call.append(len(ev.seen)), real(**kw))[1]
+    inf.store[f"{ns}/gone"] = "1"          # in the cache, not in the cluster: deleted at the end
+    inf.relist()
+    assert rec.calls[0].get("resource_version") == (None if quorum else "0")
+    if quorum:
+        assert [c.get("limit") for c in rec.calls] == [5, 5, 5]
+        assert [bool(c.get("_continue")) for c in rec.calls] == [False, True, True]
+        assert all("resource_version" not in c for c in rec.calls[1:])   # a continuation is its list's snapshot
+        assert seen_at_call == [0, 5, 10]
+    else:   # the v1.37 watch cache ignores the limit at resourceVersion "0": one page, taken as such
+        assert [c.get("limit") for c in rec.calls] == [5] and seen_at_call == [0]
+    assert sorted(ev.seen[:12]) == [("ADDED", f"{ns}/p{i:02d}") for i in range(12)]
+    assert ev.seen[12:] == [("DELETED", f"{ns}/gone")] and inf.synced.is_set()
 
 
 def test_list_too_large_resource_version_falls_back_to_quorum_list(api, ns):
@@ -190,7 +217,7 @@ def test_watch_410_relists_and_emits_the_difference(api, ns, cp):
         assert "gone" in ev.restarts and ("MODIFIED", f"{ns}/a") not in ev.seen
         old = listed["metadata"]["resourceVersion"]
         assert rec.calls[0]["watch"] is True and rec.calls[0]["resource_version"] == old
-        assert rec.calls[1] == {"resource_version": old}  # client-go relists at the last version first
+        assert rec.calls[1] == {"resource_version": old, "limit": 500}  # client-go relists at the last version first
         assert set(inf.store) == {f"{ns}/a", f"{ns}/b"}
     finally:
         inf.stop()
@@ -372,6 +399,26 @@ def test_watch_list_rejected_falls_back_to_list(fake):
         assert not inf.watch_list and ev.seen == [("ADDED", "x/a")]
     finally:
         inf.stop()
+
+
+def test_an_expired_continue_token_lists_again_in_one_page(fake):
+    """The API server compacted the list's snapshot between two pages (410 on the continue
+    token): client-go's pager lists again without a limit; nothing is lost or doubled."""
+    page1 = (200, {}, [{"kind": "ConfigMapList", "metadata": {"resourceVersion": "10", "continue": "tok"},
+                        "items": [cm("a", "9")]}], False)
+    expired = (410, {}, [{"kind": "Status", "code": 410, "reason": "Expired",
+                          "message": "The provided continue parameter is too old"}], False)
+    full = (200, {}, [{"kind": "ConfigMapList", "metadata": {"resourceVersion": "12"},
+                       "items": [cm("a", "11"), cm("b", "12")]}], False)
+    srv = fake(lambda kind, q, n: (page1 if "limit" in q and "continue" not in q else expired if "continue" in q
+                                   else full) if kind == "list" else (200, {}, [], True))
+    ev = Events()
+    inf = srv.informer(WatchTiming(**FAST), ev)
+    inf.relist()
+    lists = [q for k, q, _ in srv.requests if k == "list"]
+    assert [("limit" in q, q.get("continue")) for q in lists] == [(True, None), (True, "tok"), (False, None)]
+    assert ev.seen == [("ADDED", "x/a"), ("MODIFIED", "x/a"), ("ADDED", "x/b")]
+    assert inf.resource_version == "12" and inf.store == {"x/a": "11", "x/b": "12"}
 
 
 # ----------------------------------------------------------------------------- backoff numbers
