@@ -176,6 +176,10 @@ def run(n: int, rate: float, seconds: float, full_sync_period: float | None = No
             achieved = int(rate * seconds) / max(time.monotonic() - w0, 1e-9)
         cpu = (cpu_seconds(ctl.proc.pid) - cpu0) / (time.monotonic() - w0)
         rss = rss_mb(ctl.proc.pid)
+        # What the controller's own clock says of its full syncs and drift check shares.
+        runs = {what: (ctl.metric(f"{name}_count"), ctl.metric(f"{name}_sum"))
+                for what, name in (("full", "kxlb_sync_full_proxy_rules_duration_seconds"),
+                                   ("drift", "kxlb_drift_check_duration_seconds"))}
         time.sleep(5)   # the last updates reach the maps
         stop.set()
         watched = {(int(name[1:].split("-")[0]), addr): t for name, addr, t in _drain(seen_watch)}
@@ -201,7 +205,10 @@ def run(n: int, rate: float, seconds: float, full_sync_period: float | None = No
                 "p50_ms": ms(lat, 50), "p99_ms": ms(lat, 99), "max_ms": ms(lat, 100), "after_p50_ms": ms(after, 50), "after_p99_ms": ms(after, 99),
                 "watch_p50_ms": ms(api_delay, 50), "watch_p99_ms": ms(api_delay, 99),
                 "ctl_p50_ms": ms(ctl_delay, 50), "ctl_p99_ms": ms(ctl_delay, 99),
-                "cpu_cores": cpu, "rss_mb": rss, "lost": len(started) - len(mapped)}
+                "cpu_cores": cpu, "rss_mb": rss, "lost": len(started) - len(mapped),
+                "full_syncs": runs["full"][0], "full_sync_mean_ms": 1000 * runs["full"][1] / max(runs["full"][0], 1),
+                "drift_shares": runs["drift"][0],
+                "drift_share_mean_ms": 1000 * runs["drift"][1] / max(runs["drift"][0], 1)}
 
 
 def main() -> None:
@@ -223,6 +230,8 @@ def main() -> None:
     print(f"| {r['services']:,} | {full} | {r['initial_s']:.1f} | {r['rate']:.0f} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} | "
           f"{r['after_p50_ms']:.1f} / {r['after_p99_ms']:.1f} | {r['watch_p50_ms']:.1f} / {r['watch_p99_ms']:.1f} | "
           f"{r['ctl_p50_ms']:.1f} / {r['ctl_p99_ms']:.1f} | {r['cpu_cores']:.2f} | {r['rss_mb']:.0f} | {r['max_ms']:.0f} |")
+    print(f"\nthe controller's full syncs: {r['full_syncs']:.0f}, {r['full_sync_mean_ms']:.0f} ms each on average "
+          f"(the first included); drift check shares: {r['drift_shares']:.0f}, {r['drift_share_mean_ms']:.2f} ms each")
     if r["lost"]:
         print(f"\n{r['lost']} updates not seen in the maps (overtaken by a newer one to the same service, or lost)")
     if a.json:

@@ -8,6 +8,7 @@ must not take the whole Service down.
 from __future__ import annotations
 
 import socket
+from sys import intern
 
 from .model import Endpoint, EndpointSlice, Service, ServicePort, SlicePort, ipv4_sloppy
 
@@ -55,6 +56,13 @@ def leave_out(err: DecodeError, skipped: list[DecodeError] | None) -> None:
 def _id(obj: dict) -> str:
     md = obj.get("metadata") or {}
     return f"{md.get('namespace', '')}/{md.get('name', '')}"
+
+
+def _shared(value):
+    """One string object for a value many objects repeat (namespace, protocol, port name,
+    policy, node): json.loads makes a new one per occurrence, which the decoded caches
+    would otherwise keep 30k times over. Anything else unchanged (validated elsewhere)."""
+    return intern(value) if type(value) is str else value
 
 
 def _port(value, kind: str, oid: str, field: str, optional: bool = False) -> int | None:
@@ -132,16 +140,16 @@ def decode_service(obj: dict) -> Service:
     ports = []
     for i, p in enumerate(spec.get("ports") or []):
         np = p.get("nodePort")   # absent: none allocated (ClusterIP, allocateLoadBalancerNodePorts: false)
-        ports.append(ServicePort(p.get("name") or "",
+        ports.append(ServicePort(_shared(p.get("name") or ""),
                                  _port(p.get("port"), "Service", oid, f"spec.ports[{i}].port"),
-                                 p.get("protocol") or "TCP",
+                                 _shared(p.get("protocol") or "TCP"),
                                  _int(np, "Service", oid, f"spec.ports[{i}].nodePort", 0, 65535, 0) if np else 0))
     # The policies etc. are only compared with their values: a string of any other
     # value means the default, as in kube-proxy; a non-string is a malformed object.
     get = spec.get
-    typ, etp, itp = get("type") or "ClusterIP", get("externalTrafficPolicy") or "Cluster", \
-        get("internalTrafficPolicy") or "Cluster"
-    aff, td = get("sessionAffinity") or "None", get("trafficDistribution") or None
+    typ, etp, itp = _shared(get("type") or "ClusterIP"), _shared(get("externalTrafficPolicy") or "Cluster"), \
+        _shared(get("internalTrafficPolicy") or "Cluster")
+    aff, td = _shared(get("sessionAffinity") or "None"), _shared(get("trafficDistribution") or None)
     if not (type(typ) is type(etp) is type(itp) is type(aff) is str) or not (td is None or type(td) is str):
         k, v = next((k, spec[k]) for k in _STRINGS if spec.get(k) and type(spec[k]) is not str)
         raise DecodeError("Service", oid, f"spec.{k}", f"{v!r} is not a string")
@@ -157,7 +165,7 @@ def decode_service(obj: dict) -> Service:
     lb = status.get("loadBalancer") if status else None
     hc = spec.get("healthCheckNodePort")
     return Service(
-        namespace=obj["metadata"].get("namespace", ""), name=obj["metadata"]["name"],
+        namespace=_shared(obj["metadata"].get("namespace", "")), name=obj["metadata"]["name"],
         type=typ, cluster_ips=tuple(ips), ports=tuple(ports),
         external_ips=ext or (), lb_ingress=_ingress(lb, oid) if lb else (), lb_source_ranges=ranges or (),
         external_traffic_policy=etp, internal_traffic_policy=itp, session_affinity=aff,
@@ -170,7 +178,7 @@ def decode_service(obj: dict) -> Service:
 def _hint_names(hints: dict, key: str, oid: str, i: int) -> tuple[str, ...]:
     """endpoints[i].hints.<key>[].name (forZones, forNodes)."""
     try:
-        return tuple(h.get("name") or "" for h in hints.get(key) or ())
+        return tuple(intern(h.get("name") or "") for h in hints.get(key) or ())
     except (AttributeError, TypeError):
         raise DecodeError("EndpointSlice", oid, f"endpoints[{i}].hints.{key}",
                           "not a list of {name: ...} objects") from None
@@ -214,11 +222,12 @@ def decode_slice(obj: dict, skipped: list[DecodeError] | None = None) -> Endpoin
                                       f"{addrs[0]!r} is not an IPv6 address"), skipped)
                 continue
         cond = ep.get("conditions")
+        node = _shared(ep.get("nodeName"))   # one string per node, not one per endpoint
         if cond:  # absent ready/serving mean true, absent terminating false (as kube-proxy)
             e = Endpoint(addr, cond.get("ready") is not False, cond.get("serving") is not False,
-                         cond.get("terminating") is True, ep.get("nodeName"))
+                         cond.get("terminating") is True, node)
         else:
-            e = Endpoint(addr, True, True, False, ep.get("nodeName"))
+            e = Endpoint(addr, True, True, False, node)
         hints = ep.get("hints")
         if hints:  # rare (topology-aware services): no cost for the others
             e = e._replace(zone_hints=_hint_names(hints, "forZones", oid, i),
@@ -232,6 +241,6 @@ def decode_slice(obj: dict, skipped: list[DecodeError] | None = None) -> Endpoin
         except DecodeError as err:   # kube-proxy: "Ignoring invalid endpoint port"
             leave_out(err, skipped)
             continue
-        ports.append(SlicePort(name=p.get("name"), port=port, protocol=p.get("protocol") or "TCP"))
-    return EndpointSlice(namespace=md.get("namespace", ""), name=md["name"], service=service,
-                         address_type=atype, endpoints=tuple(endpoints), ports=tuple(ports))
+        ports.append(SlicePort(name=_shared(p.get("name")), port=port, protocol=_shared(p.get("protocol") or "TCP")))
+    return EndpointSlice(namespace=_shared(md.get("namespace", "")), name=md["name"], service=service,
+                         address_type=_shared(atype), endpoints=tuple(endpoints), ports=tuple(ports))
