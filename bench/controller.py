@@ -76,16 +76,45 @@ def status(field: str) -> float:
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(field + ":")) / 1024
 
 
+def drift_check(ctl) -> dict:
+    # The hourly repair, two ways: 0.2's full resync (a full sync and a read of every map,
+    # in one run: what changes waited behind), and today's drift check in the shares of a
+    # cycle of runs 30 s apart over an hour (controller/sweep.py), the first share at the
+    # cycle's start (it also takes the lists).
+    from kxlb.controller.sweep import DriftSweep
+    t0 = time.perf_counter()
+    ctl.reconcile()
+    full = time.perf_counter() - t0
+    sweep, shares = DriftSweep(3600.0), []
+    sweep.checked_all(0.0)
+    for i in range(121):
+        t0 = time.perf_counter()
+        new, lo, hi = sweep.step(3600.0 + 30.0 * i)
+        if new:
+            ctl._sweep_keys = list(ctl.programmer.current)
+            ctl._sweep_entries = ctl.programmer.table.frontend_snapshot()
+            ctl._count_map_entries()
+        assert not ctl.programmer.drift(DriftSweep.part(ctl._sweep_keys, lo, hi),
+                                        DriftSweep.part(ctl._sweep_entries, lo, hi))
+        shares.append(time.perf_counter() - t0)
+    rest = sorted(shares[1:])
+    return {"resync_s": full, "share_start_ms": shares[0] * 1000, "share_p50_ms": rest[len(rest) // 2] * 1000,
+            "share_max_ms": rest[-1] * 1000, "cycle_s": sum(shares)}
+
+
 cold, res, ctl = start()
 # VmHWM, not ru_maxrss: after exec, ru_maxrss still carries the parent's peak.
 hwm = status("VmHWM")
 gc.collect()
 steady = status("VmRSS")   # the long-lived model of every Service, as the controller keeps it
+gc.freeze()                # as the controller does after its first sync
+drift = drift_check(ctl)
+gc.unfreeze()
 del ctl
 gc.collect()
 warm, res2, _ = start()   # a controller restart: every entry already in the maps
 print(json.dumps({"seconds": cold, "added": res.added, "rss_mb": hwm, "steady_rss_mb": steady,
-                  "restart_seconds": warm, "restart_written": res2.changed}))
+                  "restart_seconds": warm, "restart_written": res2.changed, **drift}))
 """
 
 
@@ -203,14 +232,20 @@ def main() -> None:
     ap.add_argument("--traffic-iterations", type=int, default=40, help="slice writes timed to the first answer")
     ap.add_argument("--sync-only", action="store_true", help="only the full sync rows")
     a = ap.parse_args()
+    rows = [(n, full_sync(n)) for n in (int(s) for s in a.sizes.split(","))]
     print("| services x 10 endpoints | full sync, empty maps s | full sync after a restart s | "
           "RSS MB after the sync | peak RSS MB |")
     print("|---:|---:|---:|---:|---:|")
-    for n in (int(s) for s in a.sizes.split(",")):
-        r = full_sync(n)
+    for n, r in rows:
         assert r["added"] == n and r["restart_written"] == 0, r
         print(f"| {n:,} | {r['seconds']:.3f} | {r['restart_seconds']:.3f} | {r['steady_rss_mb']:.0f} | "
               f"{r['rss_mb']:.0f} |")
+    print("\n| services x 10 endpoints | 0.2's hourly resync, one run s | drift check: cycle start ms "
+          "| share p50 / max ms (120 runs) | whole cycle s |")
+    print("|---:|---:|---:|---:|---:|")
+    for n, r in rows:
+        print(f"| {n:,} | {r['resync_s']:.2f} | {r['share_start_ms']:.1f} | {r['share_p50_ms']:.1f} / "
+              f"{r['share_max_ms']:.1f} | {r['cycle_s']:.2f} |")
     if a.sync_only:
         return
     lat = event_latency(a.iterations, a.traffic_iterations)
