@@ -99,9 +99,32 @@ TC_EGRESS_NAME = "kxlb_tc_egress"
 TC_HOOKS = {"ingress": (TC_PARENT_INGRESS, TC_NAME), "egress": (TC_PARENT_EGRESS, TC_EGRESS_NAME)}
 
 
+def _filter_at_our_place(ipr, idx: int, parent: str) -> str | None:
+    """The name of the filter at our priority and handle on one clsact hook, if any (a
+    BPF filter's TCA_BPF_NAME; another kind of filter at our priority reads as its kind)."""
+    for f in ipr.get_filters(idx, parent=parent):
+        kind = f.get_attr("TCA_KIND")
+        if kind is None or (f["info"] >> 16) != TC_PRIO:
+            continue
+        if kind != "bpf":
+            return kind
+        opts = f.get_attr("TCA_OPTIONS")
+        if opts is not None and f["handle"] == TC_HANDLE:
+            return opts.get_attr("TCA_BPF_NAME") or ""
+    return None
+
+
+def _foreign_filter_error(iface: str, direction: str, name: str) -> KxlbError:
+    return KxlbError(f"{iface}: the tc {direction} filter at priority {TC_PRIO} handle {TC_HANDLE} is another "
+                     f"tool's ({name!r}): kxlb does not replace it; remove it (tc filter del dev {iface} "
+                     f"{direction} pref {TC_PRIO}) or move that tool to another priority")
+
+
 def attach_tc(ns: str | None, iface: str, prog_fd: int, direction: str = "ingress") -> None:
     """Our filter on the interface's clsact ``direction``: ingress runs the datapath,
-    egress translates the ICMP errors the node itself sends about translated flows."""
+    egress translates the ICMP errors the node itself sends about translated flows.
+    Replaces our own filter (an upgrade, a re-load) at its fixed priority and handle; a
+    filter another tool put there is refused, not replaced (good neighbour)."""
     parent, name = TC_HOOKS[direction]
     with _ipr(ns) as ipr:
         idx = _ifindex(ipr, iface, ns)
@@ -110,6 +133,9 @@ def attach_tc(ns: str | None, iface: str, prog_fd: int, direction: str = "ingres
         except Exception as exc:  # pyroute2's NetlinkError
             if getattr(exc, "code", None) != errno.EEXIST:
                 raise _netlink_error(exc, f"adding clsact qdisc on {iface}") from None
+        found = _filter_at_our_place(ipr, idx, parent)
+        if found is not None and found != name:
+            raise _foreign_filter_error(iface, direction, found)
         try:
             ipr.tc("replace-filter", "bpf", idx, f":{TC_HANDLE}", fd=prog_fd, name=name,
                    parent=parent, classid=1, direct_action=True, prio=TC_PRIO)
@@ -118,9 +144,14 @@ def attach_tc(ns: str | None, iface: str, prog_fd: int, direction: str = "ingres
 
 
 def detach_tc(ns: str | None, iface: str, directions: tuple[str, ...] = ("ingress", "egress")) -> None:
+    """Our filters off the interface (the clsact qdisc too when nothing else is on it); a
+    filter another tool put at our priority and handle is left where it is."""
     with _ipr(ns) as ipr:
         idx = _ifindex(ipr, iface, ns)
         for direction in directions:
+            found = _filter_at_our_place(ipr, idx, TC_HOOKS[direction][0])
+            if found != TC_HOOKS[direction][1]:
+                continue   # nothing there, or not ours
             try:
                 ipr.tc("del-filter", "bpf", idx, f":{TC_HANDLE}", parent=TC_HOOKS[direction][0], prio=TC_PRIO)
             except Exception as exc:

@@ -199,6 +199,30 @@ def test_traffic_that_is_not_ours_reaches_the_next_tc_filter(netlab, other_tool)
 
 
 # --- the pin directory -----------------------------------------------------------------------
+def test_a_foreign_tc_filter_at_kxlbs_priority_and_handle_is_neither_replaced_nor_deleted(netlab, other_tool):
+    """Another tool's filter sits where kxlb's goes (same priority, same handle): `kxlb
+    load` refuses with one line naming it and changes nothing; `kxlb unload` leaves it; and
+    kxlb's own filter there is replaced (a re-load), as before."""
+    fd, _ = other_tool
+    pin, node = netlab.pin_dir, netlab.node
+    iface = netlab.client_iface
+    sh("tc", "-n", node, "qdisc", "add", "dev", iface, "clsact")
+    add_tc_filter(node, iface, fd, attach.TC_PRIO)
+    line = one_line_error(kxlb(pin, "load", "--netns", node, "--iface", iface), iface, "another tool's",
+                          "'other_tool'", "does not replace it")
+    assert "tc filter del" in line
+    show = lambda: sh("tc", "-n", node, "filter", "show", "dev", iface, "ingress").stdout  # noqa: E731
+    assert "other_tool" in show() and "kxlb_tc" not in show()
+    attach.detach_tc(node, iface)                    # what unload and the cleanup call
+    assert "other_tool" in show()
+    sh("tc", "-n", node, "filter", "del", "dev", iface, "ingress", "pref", str(attach.TC_PRIO))
+    ok(kxlb(pin, "load", "--netns", node, "--iface", iface))
+    ok(kxlb(pin, "load", "--netns", node, "--iface", iface))   # its own filter: replaced, not refused
+    assert sum(1 for line in show().splitlines() if "handle" in line and "kxlb_tc" in line) == 1
+    ok(kxlb(pin, "unload"))
+    assert "kxlb_tc" not in show()
+
+
 def test_the_pin_directory_is_made_0700_and_unload_removes_only_what_kxlb_pinned(netlab):
     pin, node = netlab.pin_dir, netlab.node
     ok(kxlb(pin, "load", "--netns", node, "--iface", netlab.client_iface))
