@@ -12,6 +12,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Sequence
 
 from kxlb.loader.errors import KxlbError
 from kxlb.loader.layout import FAMILIES, V4, V6
@@ -121,7 +122,7 @@ class Controller:
                 lambda fam=fam: self.programmer.table.slots_used_by(fam))
         self._sweep = DriftSweep(config.full_sync_period)   # the drift check, spread over the period
         self._sweep_keys: list = []
-        self._sweep_entries: list = []
+        self._sweep_entries: Sequence = ()
         self._started = time.time()      # network-programming latency: only changes after this
         self.health = ProxyHealth(2 * config.reconcile_period)
         self.runner = BoundedFrequencyRunner("sync", self._run_once, config.min_sync_period,

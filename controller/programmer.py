@@ -112,7 +112,7 @@ class Programmer:
             res.transient |= isinstance(exc, MapWriteError)
         return False
 
-    def drift(self, keys: list[ServiceKey], entries: list) -> list[str]:
+    def drift(self, keys: list[ServiceKey], entries) -> list[str]:
         """What differs in the maps from what this table wrote, among the service ports
         ``keys`` and the frontend entries ``entries`` (of table.frontend_snapshot()), each
         described; [] when the maps hold what was written. A piece of the drift check that

@@ -43,7 +43,8 @@ class DriftSweep:
         return new, lo, hi
 
     @staticmethod
-    def part(items: list, lo: float, hi: float) -> list:
-        """The items of a list in the fraction [lo, hi): consecutive steps cover it once."""
+    def part(items, lo: float, hi: float) -> list:
+        """The items of a sequence (anything with len() and slices) in the fraction
+        [lo, hi): consecutive steps cover it once."""
         n = len(items)
         return items[int(lo * n):int(hi * n)] if hi < 1.0 else items[int(lo * n):]

@@ -213,6 +213,11 @@ class _Frontends:
     def ids(self) -> set[int]:
         return {i for i, k in zip(self._ids, self._kinds) if k != MARKER}
 
+    def raw_entry(self, i: int) -> tuple[Family, bytes, int, int]:
+        """Entry i as (family, packed key, kind, svc_id)."""
+        ks = self.fam.svc_key.size
+        return self.fam, self._keys[i * ks:(i + 1) * ks], self._kinds[i], self._ids[i]
+
     def entries(self, svc_id: int) -> list[tuple[ServiceKey, SvcValue]]:
         ks, vs = self.fam.svc_key.size, _SVC_VALUE.size
         return [(ServiceKey.from_c(self.fam.SvcKey.from_buffer_copy(self._keys, i * ks)),
@@ -236,6 +241,30 @@ class _Frontends:
         raw, ks, al = self.fam.pton(vip), self.fam.svc_key.size, self.fam.addr_len
         return sum(1 for i, kind in enumerate(self._kinds)
                    if kind == Kind.CLUSTER_IP and self._keys[i * ks:i * ks + al] == raw)
+
+
+class FrontendSnapshot:
+    """Both families' frontend maps read raw at one moment (a batch read each), for
+    ServiceTable.stray_entries() to go through a part at a time: a sequence of entries
+    (family, packed key, kind, svc_id), each built only when its part is asked for, so a
+    snapshot kept for an hour holds the packed maps, not an object per entry."""
+
+    def __init__(self, maps: Maps):
+        self._parts = [_Frontends(maps, fam) for fam in FAMILIES]
+
+    def __len__(self) -> int:
+        return sum(p.n for p in self._parts)
+
+    def __getitem__(self, part: slice) -> list[tuple[Family, bytes, int, int]]:
+        start, stop, _ = part.indices(len(self))
+        out, base = [], 0
+        for p in self._parts:
+            out.extend(p.raw_entry(i) for i in range(max(start - base, 0), min(stop - base, p.n)))
+            base += p.n
+        return out
+
+    def __iter__(self):
+        return iter(self[:])
 
 
 class _KeyedIndex:
@@ -510,16 +539,9 @@ class ServiceTable:
                     out.append(st.key)
         return out
 
-    def frontend_snapshot(self) -> list[tuple[Family, bytes, int, int]]:
-        """Every entry of both families' frontend maps, read in batches: (family, packed
-        key, kind, svc_id), for stray_entries() to go through a piece at a time."""
-        out = []
-        for fam in FAMILIES:
-            keys, vals, n = fam.map(self.maps, "services").items_raw()
-            ks, words = fam.svc_key.size, array.array("I", vals)   # svc_value: five 32-bit words
-            out.extend((fam, keys[i * ks:(i + 1) * ks], words[i * 5 + 2] >> 8 & 0xff, words[i * 5])
-                       for i in range(n))
-        return out
+    def frontend_snapshot(self) -> FrontendSnapshot:
+        """Every entry of both families' frontend maps, read now, for stray_entries()."""
+        return FrontendSnapshot(self.maps)
 
     def stray_entries(self, snapshot: Iterable[tuple[Family, bytes, int, int]]) -> list[str]:
         """Of a frontend_snapshot()'s entries, those the record does not account for and
@@ -533,23 +555,18 @@ class ServiceTable:
             c_key = fam.SvcKey.from_buffer_copy(raw)
             if kind == MARKER:
                 vip = fam.c_addr(c_key.vip)
-                if vip in self._vip_users:
-                    continue
-                now = fam.map(self.maps, "services").get(c_key)
-                if now is not None and now.kind == MARKER and vip not in self._vip_users:
-                    out.append(f"marker of {vip}")
+                if vip not in self._vip_users:
+                    now = fam.map(self.maps, "services").get(c_key)
+                    if now is not None and now.kind == MARKER:
+                        out.append(f"marker of {vip}")
                 continue
             key = ServiceKey.from_c(c_key)
             owner = self._owner.get(key)
-            st = self._states.get(owner) if owner is not None else None
-            if st is not None and st.svc_id == svc_id:
+            owner_id = self._states[owner].svc_id if owner in self._states else None
+            if owner_id == svc_id:
                 continue
-            now = fam.map(self.maps, "services").get(c_key)
-            if now is None or now.kind == MARKER:
-                continue
-            owner = self._owner.get(key)
-            st = self._states.get(owner) if owner is not None else None
-            if st is None or st.svc_id != now.svc_id:
+            now = fam.map(self.maps, "services").get(c_key)   # as it was in the snapshot?
+            if now is not None and now.kind != MARKER and now.svc_id != owner_id:
                 out.append(f"frontend {key} (service id {now.svc_id})")
         return out
 
