@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import subprocess
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -96,21 +97,43 @@ def build_digest(extra_cflags: list[str] | None = None) -> str:
     return h.hexdigest()[:32]
 
 
+# Holds what clang writes while BCC compiles. LLVM ends the process on a fatal error
+# (exit(1), e.g. "BPF stack limit exceeded") while fd 2 is captured: this process, not
+# the compiling one, then finds nobody took the lines and shows them on the real stderr.
+_WATCHER = r"""
+import os, sys
+data = sys.stdin.buffer.read()
+with open(sys.argv[1], "wb") as out:
+    out.write(data)
+if not os.path.exists(sys.argv[1] + ".taken"):
+    sys.stderr.buffer.write(b"kxlb: the compiler ended the process:\n" + data)
+"""
+
+
 @contextmanager
 def _captured_stderr() -> Iterator[list[str]]:
-    """Collect the lines C code (clang inside BCC) writes to file descriptor 2."""
+    """Collect the lines C code (clang inside BCC) writes to file descriptor 2. A child
+    process holds them (_WATCHER), so a fatal LLVM error that exits this process is not
+    lost with it."""
     lines: list[str] = []
-    with tempfile.TemporaryFile(mode="w+") as tmp:
+    with tempfile.TemporaryDirectory(prefix="kxlb-cc-") as tmp:
+        where = os.path.join(tmp, "stderr")
+        r, w = os.pipe()
+        watcher = subprocess.Popen([sys.executable, "-c", _WATCHER, where], stdin=r, close_fds=True)
+        os.close(r)
         sys.stderr.flush()
         saved = os.dup(2)
-        os.dup2(tmp.fileno(), 2)
+        os.dup2(w, 2)
+        os.close(w)
         try:
             yield lines
         finally:
+            open(where + ".taken", "w").close()
             os.dup2(saved, 2)
             os.close(saved)
-            tmp.seek(0)
-            lines.extend(tmp.read().splitlines())
+            watcher.wait()
+            with open(where, errors="replace") as got:
+                lines.extend(got.read().splitlines())
 
 
 @dataclass(frozen=True)
