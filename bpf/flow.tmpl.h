@@ -94,8 +94,10 @@ static __always_inline void KX_(ct_plan)(__u8 dir, const struct KX_(ct_flow) *f,
 {
 	KX_(nat_plan_init)(n, p);
 	if (dir == KXLB_CT_DIR_FWD) {
-		if ((f->claim & KXLB_CT_F_SNAT) && cfg)
+		if ((f->claim & KXLB_CT_F_SNAT) && cfg) {
 			n->saddr_new = cfg->snat_addr;
+			n->masq = 1;
+		}
 		n->sport_new = f->src_port;
 		n->daddr_new = f->backend_addr;
 		n->dport_new = f->backend_port;
@@ -118,6 +120,51 @@ static __always_inline int KX_(ct_translate)(__u8 dir, struct KX_(ct_flow) *f, c
 	stat_inc(dir == KXLB_CT_DIR_FWD ? KXLB_ST_CT_FWD : KXLB_ST_CT_REV);
 	KX_(frag_remember)(p, n);
 	return LB_NAT;
+}
+
+/* Path MTU of a masqueraded packet. The kernel checks a forwarded packet against its
+ * route's MTU and, when it does not fit and may not be fragmented (IPv4's DF; every IPv6
+ * packet), answers "fragmentation needed" ("packet too big") to the packet's source. A
+ * masqueraded packet's source is the node's masquerade address by then (translated at
+ * ingress, before routing), so that error goes to the node itself and is lost: the client
+ * never learns the path MTU, and its large packets vanish (an overlay or tunnel between
+ * nodes with a smaller MTU than the clients' link). kube-proxy masquerades after routing,
+ * so its node's error reaches the client. The hook asks the route the kernel will take
+ * (bpf_fib_lookup with the translated addresses) and answers the client itself (reject.h),
+ * quoting the packet the client sent. A GRO batch is checked by its segments, as the
+ * kernel checks it. Packets that fit every path of their family skip the lookup: a
+ * flow's ACKs and small requests cost nothing. Returns the path MTU when the packet does
+ * not fit it, else 0. */
+#ifndef KXLB_FIB_SCRATCH
+#define KXLB_FIB_SCRATCH
+/* The route lookup's parameters: in a per-CPU map, as the IPv4 journey leaves no room
+ * for them on the stack. Looked up only for a packet that needs the lookup. */
+BPF_PERCPU_ARRAY(fib_scratch, struct bpf_fib_lookup, 1);
+#endif
+
+static __always_inline __u32 KX_(masq_path_mtu)(void *ctx, void *data, void *data_end,
+						const struct KX_(nat_plan) *n, __u32 ifindex, __u32 gso_size)
+{
+	__u32 zero = 0;
+	struct bpf_fib_lookup *fl = fib_scratch.lookup(&zero);
+	__u32 hdrs = 0;
+
+	if (!fl)
+		return 0;
+	__builtin_memset(fl, 0, sizeof(*fl));
+	__u32 len = KX_(pmtu_params)(fl, data, data_end, n, &hdrs);
+	if (gso_size)
+		len = hdrs + gso_size;
+	if (len <= KX_PMTU_FLOOR)
+		return 0;
+	fl->l4_protocol = n->proto;
+	fl->sport = n->sport_new;
+	fl->dport = n->dport_new;
+	fl->tot_len = len;
+	fl->ifindex = ifindex;
+	if (bpf_fib_lookup(ctx, fl, sizeof(*fl), 0) != BPF_FIB_LKUP_RET_FRAG_NEEDED)
+		return 0;
+	return fl->mtu_result;
 }
 
 /* What one packet's journey works in: the parsed packet, the plan, the reject's saved
@@ -159,6 +206,17 @@ static __always_inline struct KX_(lb_scratch) *KX_(lb_scratch_get)(void)
 	return KX_(lb_scratch_map).lookup(&zero);
 }
 #endif
+
+/* A masqueraded packet too big for its path (masq_path_mtu): answered to the client
+ * with the path's MTU instead of translated. One that cannot be quoted (IPv4 options)
+ * goes on, and the kernel drops it as before. */
+static __always_inline int KX_(too_big)(void *data, void *data_end, struct KX_(lb_scratch) *s)
+{
+	if (KX_(reject_save)(data, data_end, &s->ri) < 0)
+		return LB_NAT;
+	stat_inc(KXLB_ST_PMTU);
+	return LB_REJECT;
+}
 
 static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len, struct KX_(lb_scratch) *s)
 {
@@ -307,7 +365,14 @@ static __always_inline int KX_(lb_tc)(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	int v;
 
-	v = KX_(lb_process)((void *)(long)skb->data, (void *)(long)skb->data_end, skb->len, s);
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	__u32 mtu = 0;
+
+	v = KX_(lb_process)(data, data_end, skb->len, s);
+	if (v == LB_NAT && s->n.masq &&
+	    (mtu = KX_(masq_path_mtu)(skb, data, data_end, &s->n, skb->ifindex, skb->gso_size)))
+		v = KX_(too_big)(data, data_end, s);
 	if (v == LB_NAT)
 		return KX_(nat_apply_tc)(skb, &s->n) < 0 ? TC_ACT_SHOT : TC_ACT_OK;
 	if (v == LB_REJECT) {
@@ -315,7 +380,7 @@ static __always_inline int KX_(lb_tc)(struct __sk_buff *skb)
 		 * on. CHECKSUM_PARTIAL state of the original skb is not reset (no helper does):
 		 * harmless on veths, whose receiver trusts it; see docs/datapath.md. */
 		if (bpf_skb_change_tail(skb, KX_(REJECT_LEN), 0) < 0 ||
-		    KX_(reject_build)((void *)(long)skb->data, (void *)(long)skb->data_end, &s->ri) < 0)
+		    KX_(reject_build)((void *)(long)skb->data, (void *)(long)skb->data_end, &s->ri, mtu) < 0)
 			return TC_ACT_SHOT;
 		return bpf_redirect(skb->ifindex, 0);
 	}
@@ -415,7 +480,12 @@ static __always_inline int KX_(lb_xdp)(struct xdp_md *ctx)
 		return XDP_PASS;
 	int v;
 
+	__u32 mtu = 0;
+
 	v = KX_(lb_process)(data, data_end, data_end - data, s);
+	if (v == LB_NAT && s->n.masq &&
+	    (mtu = KX_(masq_path_mtu)(ctx, data, data_end, &s->n, ctx->ingress_ifindex, 0)))
+		v = KX_(too_big)(data, data_end, s);
 	if (v == LB_NAT)
 		return KX_(nat_apply_xdp)(data, data_end, &s->n) < 0 ? XDP_DROP : XDP_PASS;
 	if (v == LB_REJECT) {
@@ -423,7 +493,7 @@ static __always_inline int KX_(lb_xdp)(struct xdp_md *ctx)
 			return XDP_DROP;
 		data = (void *)(long)ctx->data;
 		data_end = (void *)(long)ctx->data_end;
-		return KX_(reject_build)(data, data_end, &s->ri) < 0 ? XDP_DROP : XDP_TX;
+		return KX_(reject_build)(data, data_end, &s->ri, mtu) < 0 ? XDP_DROP : XDP_TX;
 	}
 	return v == LB_DROP ? XDP_DROP : XDP_PASS;
 }

@@ -112,6 +112,26 @@ static __always_inline int nat_apply_xdp(void *data, void *data_end, const struc
 	return 0;
 }
 
+/* The route lookup of a translated packet for its path MTU (flow.tmpl.h masq_path_mtu):
+ * its new addresses. Returns the datagram's length and sets `hdrs` to its IP and L4
+ * headers' (a GRO segment's length is those plus the segment size); 0 when the packet may
+ * be fragmented on its way (no DF: the kernel fragments it after the rewrite, as it
+ * would any forwarded packet). */
+static __always_inline __u32 pmtu_params(struct bpf_fib_lookup *fl, void *data, void *data_end,
+					 const struct nat_plan *n, __u32 *hdrs)
+{
+	struct iphdr *ip = data + ETH_HLEN_;
+
+	if ((void *)(ip + 1) > data_end || !(ip->frag_off & bpf_htons(IP_DF_)))
+		return 0;
+	*hdrs = ip->ihl * 4 + l4_hdr_len((void *)ip + ip->ihl * 4, data_end, n->proto);
+	fl->family = 2; /* AF_INET */
+	fl->tos = ip->tos;
+	fl->ipv4_src = n->saddr_new;
+	fl->ipv4_dst = n->daddr_new;
+	return kx_ntohs_len(ip->tot_len);
+}
+
 /* An ICMP error message (RFC 1122 3.2.2: never answered with another ICMP error). */
 static __always_inline int icmp_is_error(const struct pkt *p)
 {

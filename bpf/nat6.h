@@ -129,6 +129,23 @@ static __always_inline int nat_apply_xdp6(void *data, void *data_end, const stru
 	return 0;
 }
 
+/* The route lookup of a translated packet for its path MTU: nat.h pmtu_params() for
+ * IPv6, where no router fragments (every packet is checked). */
+static __always_inline __u32 pmtu_params6(struct bpf_fib_lookup *fl, void *data, void *data_end,
+					  const struct nat_plan6 *n, __u32 *hdrs)
+{
+	struct ipv6hdr *ip6 = data + ETH_HLEN_;
+	__u32 l4_off = n->l4_off;
+
+	if ((void *)(ip6 + 1) > data_end || l4_off > IP6_MAX_L4_OFF)
+		return 0;
+	*hdrs = l4_off - ETH_HLEN_ + l4_hdr_len(data + l4_off, data_end, n->proto);
+	fl->family = 10; /* AF_INET6 */
+	__builtin_memcpy(fl->ipv6_src, &n->saddr_new, 16);
+	__builtin_memcpy(fl->ipv6_dst, &n->daddr_new, 16);
+	return IP6_HLEN_ + kx_ntohs_len(ip6->payload_len);
+}
+
 /* An ICMPv6 error message (types below 128, RFC 4443 2.1): never answered with another. */
 static __always_inline int icmp_is_error6(const struct pkt6 *p)
 {

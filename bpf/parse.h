@@ -13,6 +13,7 @@
 #include "sctp.h"
 
 #define ETH_HLEN_ 14
+#define IP_DF_ 0x4000
 #define IP_MF_ 0x2000
 #define IP_OFFSET_ 0x1fff
 
@@ -92,6 +93,19 @@ static __always_inline int parse_l4(void *l4, void *data_end, void *dgram_end, _
 static __always_inline int kx_proto_served(__u8 proto)
 {
 	return proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP;
+}
+
+/* The length of a parsed TCP, UDP or SCTP packet's L4 header at `l4` (a GRO segment's
+ * headers, flow.tmpl.h masq_path_mtu). */
+static __always_inline __u32 l4_hdr_len(void *l4, void *data_end, __u8 proto)
+{
+	if (proto == IPPROTO_TCP) {
+		struct tcphdr *th = l4;
+		if ((void *)(th + 1) > data_end)
+			return 20;
+		return th->doff * 4;
+	}
+	return proto == IPPROTO_UDP ? 8 : SCTP_HLEN_;
 }
 
 /* Where the L4 checksum of a header an ICMP error quotes lies, if the quote reaches it (it

@@ -19,7 +19,8 @@ struct KX_(nat_plan) {
 	__u8   proto;
 	__u8   l4;         /* 1: ports and L4 checksum too; 0: addresses only (later fragment) */
 	__u8   frag;       /* 1: the first fragment of a datagram (its full length is unknown) */
-	__u8   pad;
+	__u8   masq;       /* 1: a forward packet given the masquerade address (the hook checks
+			    * its path MTU: the kernel's own error would go to that address) */
 };
 
 /* Start a plan that changes nothing. */
@@ -30,6 +31,7 @@ static __always_inline void KX_(nat_plan_init)(struct KX_(nat_plan) *n, const st
 	n->proto = p->proto;
 	n->l4 = p->first_frag;
 	n->frag = p->frag;
+	n->masq = 0;
 	n->saddr_old = n->saddr_new = p->saddr;
 	n->daddr_old = n->daddr_new = p->daddr;
 	n->sport_old = n->sport_new = p->sport;

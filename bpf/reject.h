@@ -2,7 +2,9 @@
 /* Reject: a new flow to a service without any endpoint is answered with ICMP port
  * unreachable from the VIP, as kube-proxy's reject rule does, so clients fail at once
  * (TCP: ECONNREFUSED) instead of retrying into silence. The reply is built in the
- * packet's own buffer and sent back out of the interface it came in on. */
+ * packet's own buffer and sent back out of the interface it came in on.
+ * The same reply, as "fragmentation needed" with the path's MTU, answers a masqueraded
+ * packet too big for the path to its backend (flow.tmpl.h masq_path_mtu). */
 #ifndef KXLB_REJECT_H
 #define KXLB_REJECT_H
 #include "csum.h"
@@ -44,8 +46,10 @@ static __always_inline __u16 csum_of(__u32 seed, const __u16 *words, int n)
 	return (__u16)~csum_fold32(sum);
 }
 
-/* Write the reply over a buffer of exactly REJECT_LEN bytes. */
-static __always_inline int reject_build(void *data, void *data_end, const struct reject_info *ri)
+/* Write the reply over a buffer of exactly REJECT_LEN bytes: port unreachable, or with
+ * `mtu` non-zero, fragmentation needed (RFC 1191: the next-hop MTU in the low half of
+ * the second word). */
+static __always_inline int reject_build(void *data, void *data_end, const struct reject_info *ri, __u32 mtu)
 {
 	struct ethhdr *eth = data;
 	struct iphdr *ip = data + ETH_HLEN_;
@@ -71,9 +75,9 @@ static __always_inline int reject_build(void *data, void *data_end, const struct
 	ip->check = 0;
 
 	ih->type = ICMP_DEST_UNREACH;
-	ih->code = ICMP_PORT_UNREACH;
+	ih->code = mtu ? ICMP_FRAG_NEEDED : ICMP_PORT_UNREACH;
 	ih->checksum = 0;
-	ih->un.gateway = 0;
+	ih->un.gateway = kx_htonl(mtu & 0xffff);
 	__builtin_memcpy((void *)(ih + 1), ri->quote, REJECT_QUOTE);
 
 	ip->check = csum_of(0, (const __u16 *)ip, 10);

@@ -2,7 +2,7 @@
 /* Reject, IPv6: a new flow to a service without any endpoint is answered with ICMPv6
  * destination unreachable, port unreachable (kube-proxy's icmp6-port-unreachable) from
  * the VIP. The IPv6 twin of reject.h: built in the packet's own buffer, sent back out
- * of the interface it came in on. */
+ * of the interface it came in on; with an MTU, "packet too big" (reject.h). */
 #ifndef KXLB_REJECT6_H
 #define KXLB_REJECT6_H
 #include "csum.h"
@@ -31,8 +31,9 @@ static __always_inline int reject_save6(void *data, void *data_end, struct rejec
 	return 0;
 }
 
-/* Write the reply over a buffer of exactly REJECT_LEN6 bytes. */
-static __always_inline int reject_build6(void *data, void *data_end, const struct reject_info6 *ri)
+/* Write the reply over a buffer of exactly REJECT_LEN6 bytes: port unreachable, or with
+ * `mtu` non-zero, packet too big (RFC 4443 3.2: the MTU in the second word). */
+static __always_inline int reject_build6(void *data, void *data_end, const struct reject_info6 *ri, __u32 mtu)
 {
 	struct ethhdr *eth = data;
 	struct ipv6hdr *ip6 = data + ETH_HLEN_;
@@ -52,10 +53,10 @@ static __always_inline int reject_build6(void *data, void *data_end, const struc
 	__builtin_memcpy(&ip6->saddr, &orig->daddr, 16); /* from the VIP */
 	__builtin_memcpy(&ip6->daddr, &orig->saddr, 16);
 
-	ih[0] = ICMPV6_DEST_UNREACH_;
-	ih[1] = ICMPV6_PORT_UNREACH_;
+	ih[0] = mtu ? ICMPV6_PKT_TOOBIG_ : ICMPV6_DEST_UNREACH_;
+	ih[1] = mtu ? 0 : ICMPV6_PORT_UNREACH_;
 	*(__u16 *)(ih + 2) = 0;
-	*(__u32 *)(ih + 4) = 0;
+	*(__u32 *)(ih + 4) = kx_htonl(mtu);
 	__builtin_memcpy(ih + 8, ri->quote, REJECT_QUOTE6);
 
 	/* The checksum covers a pseudo-header (RFC 8200 8.1): the upper-layer length and the

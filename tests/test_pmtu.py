@@ -1,4 +1,5 @@
-"""Path MTU discovery through a VIP, with real sockets (issue 8, item 5).
+"""Path MTU discovery through a VIP, with real sockets (issue 8, item 5; issue 26,
+defect 5).
 
 The node forwards a client's translated TCP segments to a backend whose link has a
 smaller MTU than both ends advertise, so the node itself answers "fragmentation needed",
@@ -6,6 +7,11 @@ quoting the translated packet (client -> backend). The client's kernel only know
 socket to the VIP: without kxlb's tc egress program the error matches nothing there and
 the upload stalls (no PMTU blackhole detection by default); with it the quote names the
 VIP, the client learns the path MTU and the upload completes.
+
+A masqueraded flow (a NodePort's outside client) leaves the node with the node's address
+as its source: the kernel's error goes to the node itself and is lost. The datapath looks
+up the route for such packets and answers the client itself (flow.tmpl.h masq_path_mtu),
+on both families, whether or not GRO merged the client's segments.
 """
 from __future__ import annotations
 
@@ -16,17 +22,20 @@ import sys
 
 import pytest
 
+from kxlb.loader.maps import Maps
 from kxlb.loader.netns import netns
+from kxlb.loader.services import DatapathConfig, ServiceTable
 
 VIP, PORT, BPORT = "10.96.0.10", 80, 8080
-SMALL_MTU = 1000
+SMALL_MTU = 1280  # IPv6 is off on a link below 1280 (RFC 8200 5), so both families use it
 UPLOAD = 200_000
 
 # Counts the bytes of one connection and answers with the count.
 SINK = r"""
 import socket, sys
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(4); print("ready", flush=True)
+s = socket.socket(socket.AF_INET6); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # both families
+s.bind(("::", int(sys.argv[1]))); s.listen(4); print("ready", flush=True)
 while True:
     c, _ = s.accept(); n = 0
     while True:
@@ -43,9 +52,9 @@ def kxlb(lab, *args):
     return r
 
 
-def upload(client_ns: str, timeout: float = 10) -> int:
+def upload(client_ns: str, timeout: float = 10, to: tuple[str, int] = (VIP, PORT)) -> int:
     with netns(client_ns):
-        s = socket.create_connection((VIP, PORT), timeout=timeout)
+        s = socket.create_connection(to, timeout=timeout)
     with s:
         s.sendall(b"z" * UPLOAD)
         s.shutdown(socket.SHUT_WR)
@@ -92,3 +101,60 @@ def test_without_the_egress_program_the_upload_stalls(small_mtu_lab):
     with pytest.raises(TimeoutError):
         upload(lab.client, timeout=4)
     assert f"mtu {SMALL_MTU}" not in route_mtu(lab.client, VIP)
+
+
+NODE_PORT = 30080
+
+
+def masquerading(lab, *, gro: bool = False) -> dict[int, str]:
+    """A NodePort on each family's node address, its outside client masqueraded to the
+    node; GRO on the node's client-side device or not. Returns family -> node address."""
+    if gro:
+        subprocess.run(["ip", "netns", "exec", lab.node, "ethtool", "-K", lab.client_iface, "gro", "on"], check=True)
+    node = {4: lab.node_client_ip, 6: lab.node_client_ip6}
+    kxlb(lab, "service", "add", f"10.96.0.11:{PORT}/tcp", f"{lab.backend_ip(0)}:{BPORT}",
+         "--node-port", f"{node[4]}:{NODE_PORT}")
+    kxlb(lab, "service", "add", f"[fd00:96::11]:{PORT}/tcp", f"[{lab.backend_ip6(0)}]:{BPORT}",
+         "--node-port", f"[{node[6]}]:{NODE_PORT}")
+    with Maps.open(lab.pin_dir) as maps:
+        ServiceTable(maps).set_config(DatapathConfig(snat_addrs=(node[4], node[6])))
+    return node
+
+
+def datapath_stats(lab) -> dict[str, int]:
+    return json.loads(kxlb(lab, "stats", "--json").stdout)["datapath"]
+
+
+@pytest.mark.parametrize("hook, gro", [("tc", False), ("tc", True), ("xdp", False)], ids=["tc", "tc-gro", "xdp"])
+@pytest.mark.parametrize("family", [4, 6])
+def test_a_masqueraded_client_learns_the_path_mtu_from_the_datapath(small_mtu_lab, family, hook, gro):
+    lab = small_mtu_lab
+    if hook == "xdp":  # the client's link at XDP, its sender finalising checksums
+        subprocess.run(["ip", "netns", "exec", lab.client, "ethtool", "-K", "eth0", "tx", "off"], check=True)
+        kxlb(lab, "load", "--netns", lab.node, "--iface", lab.client_iface, "--xdp", "--xdp-trust-checksums")
+    node = masquerading(lab, gro=gro)[family]
+    assert upload(lab.client, to=(node, NODE_PORT)) == UPLOAD
+    assert f"mtu {SMALL_MTU}" in route_mtu(lab.client, node), route_mtu(lab.client, node)
+    stats = datapath_stats(lab)
+    assert stats["snat"] >= 1 and stats["pmtu"] >= 1, stats
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_gro_batches_that_fit_the_path_are_not_answered(netlab, family):
+    """GRO merges a client's segments into one packet far over any MTU: the datapath
+    checks its segments, as the kernel does, not the merged length."""
+    lab = netlab
+    sink = subprocess.Popen(["ip", "netns", "exec", lab.backend(0), sys.executable, "-c", SINK, str(BPORT)],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert sink.stdout.readline().strip() == "ready"
+        kxlb(lab, "load", "--netns", lab.node, *[arg for iface in lab.node_ifaces for arg in ("--iface", iface)])
+        node = masquerading(lab, gro=True)[family]
+        assert upload(lab.client, to=(node, NODE_PORT)) == UPLOAD
+        stats = datapath_stats(lab)
+        assert stats["snat"] >= 1 and stats["pmtu"] == 0, stats
+        assert "mtu" not in route_mtu(lab.client, node)
+    finally:
+        sink.kill()
+        sink.wait()
+        kxlb(lab, "unload")
