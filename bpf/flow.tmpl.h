@@ -448,6 +448,40 @@ static __always_inline int KX_(local_reply_plan)(const struct KX_(pkt) *p, struc
  *    path): their quote shows the translated packet, which the client never sent, so it
  *    is translated back (icmp_error_nat) or path MTU discovery through a VIP would fail.
  * Everything else goes on untouched. */
+/* An error translated at egress that now goes to someone else: an error the node sends to
+ * a VIP about a reply (e.g. "fragmentation needed" when a backend's reply does not fit
+ * the client's path) goes to the backend. The kernel routed it to the VIP (a real node's
+ * default route, most likely out of the uplink), which need not lead to the backend: it
+ * is sent out of the new destination's route, with that route's link addresses. Without
+ * a resolved route (no route, no neighbour entry yet) it goes on as routed. */
+static __always_inline int KX_(reroute)(struct __sk_buff *skb, kx_addr_t was)
+{
+	__u32 zero = 0;
+	struct bpf_fib_lookup *fl = fib_scratch.lookup(&zero);
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+
+	if (!fl)
+		return TC_ACT_OK;
+	__builtin_memset(fl, 0, sizeof(*fl));
+	if (KX_(route_params)(fl, data, data_end, was) <= 0)
+		return TC_ACT_OK; /* its destination as routed */
+	/* As if it arrived here to be forwarded: an output lookup would be bound to this
+	 * device (its ifindex is the lookup's output interface) and miss the route. */
+	fl->ifindex = skb->ifindex;
+	if (bpf_fib_lookup(skb, fl, sizeof(*fl), 0) != BPF_FIB_LKUP_RET_SUCCESS)
+		return TC_ACT_OK;
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	eth = data;
+	if ((void *)(eth + 1) > data_end)
+		return TC_ACT_OK;
+	__builtin_memcpy(eth->h_dest, fl->dmac, 6);
+	__builtin_memcpy(eth->h_source, fl->smac, 6);
+	return fl->ifindex == skb->ifindex ? TC_ACT_OK : bpf_redirect(fl->ifindex, 0);
+}
+
 static __always_inline int KX_(lb_tc_egress)(struct __sk_buff *skb)
 {
 	struct KX_(pkt) p = {};
@@ -462,7 +496,7 @@ static __always_inline int KX_(lb_tc_egress)(struct __sk_buff *skb)
 		if (p.frag || !KX_(icmp_error_nat)(data, data_end, &p, ct_now()))
 			return TC_ACT_UNSPEC;
 		stat_inc(KXLB_ST_ICMP_NAT);
-		return TC_ACT_OK;
+		return KX_(reroute)(skb, p.daddr);
 	}
 	if (KX_(local_reply_plan)(&p, &n) != LB_NAT || !n)
 		return TC_ACT_UNSPEC;

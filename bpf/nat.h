@@ -132,6 +132,22 @@ static __always_inline __u32 pmtu_params(struct bpf_fib_lookup *fl, void *data, 
 	return kx_ntohs_len(ip->tot_len);
 }
 
+/* The route lookup of a packet as it now is (flow.tmpl.h reroute): its addresses.
+ * Returns 1 when its destination is no longer `was`, 0 when it is, -1 when unreadable. */
+static __always_inline int route_params(struct bpf_fib_lookup *fl, void *data, void *data_end, __be32 was)
+{
+	struct iphdr *ip = data + ETH_HLEN_;
+
+	if ((void *)(ip + 1) > data_end)
+		return -1;
+	fl->family = 2; /* AF_INET */
+	fl->tos = ip->tos;
+	fl->l4_protocol = ip->protocol;
+	fl->ipv4_src = ip->saddr;
+	fl->ipv4_dst = ip->daddr;
+	return ip->daddr != was;
+}
+
 /* An ICMP error message (RFC 1122 3.2.2: never answered with another ICMP error). */
 static __always_inline int icmp_is_error(const struct pkt *p)
 {

@@ -146,6 +146,21 @@ static __always_inline __u32 pmtu_params6(struct bpf_fib_lookup *fl, void *data,
 	return IP6_HLEN_ + kx_ntohs_len(ip6->payload_len);
 }
 
+/* nat.h route_params() for IPv6. */
+static __always_inline int route_params6(struct bpf_fib_lookup *fl, void *data, void *data_end,
+					 struct kx_in6 was)
+{
+	struct ipv6hdr *ip6 = data + ETH_HLEN_;
+
+	if ((void *)(ip6 + 1) > data_end)
+		return -1;
+	fl->family = 10; /* AF_INET6 */
+	fl->l4_protocol = ip6->nexthdr;
+	__builtin_memcpy(fl->ipv6_src, &ip6->saddr, 16);
+	__builtin_memcpy(fl->ipv6_dst, &ip6->daddr, 16);
+	return !kx6_eq((const struct kx_in6 *)fl->ipv6_dst, &was);
+}
+
 /* An ICMPv6 error message (types below 128, RFC 4443 2.1): never answered with another. */
 static __always_inline int icmp_is_error6(const struct pkt6 *p)
 {

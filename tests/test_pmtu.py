@@ -158,3 +158,53 @@ def test_gro_batches_that_fit_the_path_are_not_answered(netlab, family):
         sink.kill()
         sink.wait()
         kxlb(lab, "unload")
+
+
+# Sends a fixed number of bytes to each connection, then closes it.
+SOURCE = r"""
+import socket, sys
+s = socket.socket(socket.AF_INET6); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+s.bind(("::", int(sys.argv[1]))); s.listen(4); print("ready", flush=True)
+while True:
+    c, _ = s.accept(); c.sendall(b"d" * int(sys.argv[2])); c.close()
+"""
+
+
+def download(client_ns: str, to: tuple[str, int], timeout: float = 10) -> int:
+    with netns(client_ns):
+        s = socket.create_connection(to, timeout=timeout)
+    with s:
+        got = 0
+        while b := s.recv(65536):
+            got += len(b)
+        return got
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_fragmentation_needed_about_a_reply_is_routed_to_the_backend(netlab, family):
+    """A backend's reply does not fit the client's link: the node's error goes to the VIP
+    (the reply's source), out of the route to the VIP (as a node's default route, toward
+    the client here). Translated at egress it names the backend, and is sent on the
+    backend's route: the backend learns the path MTU and the download completes."""
+    lab = netlab
+    vip, client = ("10.96.0.12", lab.client_ip) if family == 4 else ("fd00:96::12", lab.client_ip6)
+    backend = lab.backend_ip(0) if family == 4 else lab.backend_ip6(0)
+    src = subprocess.Popen(["ip", "netns", "exec", lab.backend(0), sys.executable, "-c", SOURCE, str(BPORT),
+                            str(UPLOAD)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert src.stdout.readline().strip() == "ready"
+        # Only the node's side of the client link is small: both ends advertise 1460.
+        subprocess.run(["ip", "-n", lab.node, "link", "set", lab.client_iface, "mtu", str(SMALL_MTU)], check=True)
+        subprocess.run(["ip", "-n", lab.node, "route", "add", "10.96.0.0/16", "via", lab.client_ip], check=True)
+        subprocess.run(["ip", "-n", lab.node, "-6", "route", "add", "fd00:96::/64", "via", lab.client_ip6], check=True)
+        kxlb(lab, "load", "--netns", lab.node, *[arg for iface in lab.node_ifaces for arg in ("--iface", iface)])
+        addr = f"{vip}:{PORT}" if family == 4 else f"[{vip}]:{PORT}"
+        kxlb(lab, "service", "add", f"{addr}/tcp", f"{backend}:{BPORT}" if family == 4 else f"[{backend}]:{BPORT}")
+        assert download(lab.client, (vip, PORT)) == UPLOAD
+        assert f"mtu {SMALL_MTU}" in route_mtu(lab.backend(0), client), route_mtu(lab.backend(0), client)
+        assert datapath_stats(lab)["icmp_nat"] >= 1
+    finally:
+        src.kill()
+        src.wait()
+        kxlb(lab, "unload")
