@@ -81,6 +81,12 @@ def require_ethernet(ns: str | None, iface: str) -> None:
                         f"IP tunnel device?); kxlb's programs parse Ethernet frames only")
 
 
+def device_gone(exc: Exception) -> bool:
+    """Whether a netlink error (pyroute2's NetlinkError) says the device went away since it
+    was named: a pod's veth deleted meanwhile."""
+    return getattr(exc, "code", None) in (errno.ENODEV, errno.ENOENT)
+
+
 def _netlink_error(exc: Exception, what: str) -> KxlbError:
     code = getattr(exc, "code", None)
     hint = " (needs root: CAP_NET_ADMIN and CAP_BPF)" if code in (errno.EPERM, errno.EACCES) else ""

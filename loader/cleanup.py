@@ -11,7 +11,6 @@ directory. Nothing else is touched: another tool's filters, programs and pins st
 """
 from __future__ import annotations
 
-import errno
 import os
 
 from . import attach
@@ -52,7 +51,7 @@ def by_name(ns: str | None) -> list[Attachment]:
             try:
                 found += _ours_on(ipr, link, ns)
             except Exception as exc:  # pyroute2's NetlinkError: a pod's veth gone since the listing
-                if getattr(exc, "code", None) not in (errno.ENODEV, errno.ENOENT):
+                if not attach.device_gone(exc):
                     raise
     finally:
         ipr.close()

@@ -25,7 +25,6 @@ milliseconds instead of compiling for tens of seconds on a busy node.
 """
 from __future__ import annotations
 
-import errno
 import os
 import stat
 import time
@@ -461,7 +460,7 @@ def _detach(a: Attachment, missing_ok: bool) -> str | None:
         else:
             attach.detach_tc(a.netns, a.iface)
     except Exception as exc:  # KxlbError, or pyroute2's NetlinkError for a device gone meanwhile
-        gone = isinstance(exc, KxlbError) or getattr(exc, "code", None) in (errno.ENODEV, errno.ENOENT)
+        gone = isinstance(exc, KxlbError) or attach.device_gone(exc)
         if not (missing_ok and gone):
             raise
     return None
