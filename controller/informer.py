@@ -383,7 +383,7 @@ class Informer:
                 if cont:
                     log.info("%s: list continuation expired (%s); listing again in one page", self.name,
                              type(err).__name__)
-                    limit, cont, list_rv = 0, None, None
+                    limit, cont, list_rv, pages = 0, None, None, 0
                     seen, whole = set(), []
                     continue
                 if rv:

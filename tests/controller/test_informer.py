@@ -401,7 +401,7 @@ def test_watch_list_rejected_falls_back_to_list(fake):
         inf.stop()
 
 
-def test_an_expired_continue_token_lists_again_in_one_page(fake):
+def test_an_expired_continue_token_lists_again_in_one_page(fake, caplog):
     """The API server compacted the list's snapshot between two pages (410 on the continue
     token): client-go's pager lists again without a limit; nothing is lost or doubled."""
     page1 = (200, {}, [{"kind": "ConfigMapList", "metadata": {"resourceVersion": "10", "continue": "tok"},
@@ -414,11 +414,13 @@ def test_an_expired_continue_token_lists_again_in_one_page(fake):
                                    else full) if kind == "list" else (200, {}, [], True))
     ev = Events()
     inf = srv.informer(WatchTiming(**FAST), ev)
+    caplog.set_level("INFO", logger="kxlb.informer")
     inf.relist()
     lists = [q for k, q, _ in srv.requests if k == "list"]
     assert [("limit" in q, q.get("continue")) for q in lists] == [(True, None), (True, "tok"), (False, None)]
     assert ev.seen == [("ADDED", "x/a"), ("MODIFIED", "x/a"), ("ADDED", "x/b")]
     assert inf.resource_version == "12" and inf.store == {"x/a": "11", "x/b": "12"}
+    assert "listed 2 objects in 1 page at" in caplog.text  # the list that counted, not the pages thrown away
 
 
 # ----------------------------------------------------------------------------- backoff numbers
