@@ -47,12 +47,19 @@ static __always_inline int nat_apply_tc6(struct __sk_buff *skb, const struct nat
 			/* The L4 checksum covers the addresses (its pseudo-header). */
 			if (tc_l4_csum(skb, n->proto, l4_off, 0, (__u32)d, 0, BPF_F_PSEUDO_HDR) < 0)
 				return -1;
-		} else {
-			/* SCTP has no pseudo-header, and a later fragment no L4 header: nothing in
-			 * the packet compensates the addresses' change, so a CHECKSUM_COMPLETE skb's
-			 * sum takes it (the helper does nothing for the others). */
-			kx_csum_update(skb, (__u32)d);
 		}
+		/* A CHECKSUM_COMPLETE skb's sum (a NIC that sums every packet) must end where
+		 * the packet's bytes do:
+		 *  - with an L4 checksum, the addresses' change and the checksum's cancel out,
+		 *    but the helper took the change out of the sum as IPv4 needs it (there the
+		 *    IP header checksum cancels the addresses). Adding it back undoes that on
+		 *    every kernel; Linux 6.16's BPF_F_IPV6, which tells the helper, is not on
+		 *    every node;
+		 *  - SCTP has no pseudo-header, and a later fragment no L4 header: nothing in
+		 *    the packet compensates the addresses' change, so the sum takes it.
+		 * The helper does nothing for the other skbs (tests/test_prog_run_ipv6.py runs
+		 * this with the kernel's CHECKSUM_COMPLETE test run, which checks the sum). */
+		kx_csum_update(skb, (__u32)d);
 	}
 	if (n->l4 && n->proto != IPPROTO_SCTP) {
 		if (tc_l4_csum(skb, n->proto, l4_off, n->sport_old, n->sport_new, 2, 0) < 0 ||

@@ -165,7 +165,13 @@ def lookup_batches(fd: int, key_size: int, value_size: int, chunk: int = 4096, w
         token_in.value, first = token_out.value, False
 
 
-def prog_test_run(prog_fd: int, data: bytes, repeat: int = 1, out_size: int = 0) -> tuple[int, bytes, int]:
+BPF_F_TEST_SKB_CHECKSUM_COMPLETE = 1 << 2
+"""prog_test_run flag (Linux 6.12+): the skb arrives CHECKSUM_COMPLETE, as from a NIC that
+sums every packet, and the run fails (EBADMSG) if the program left skb->csum wrong."""
+
+
+def prog_test_run(prog_fd: int, data: bytes, repeat: int = 1, out_size: int = 0,
+                  flags: int = 0) -> tuple[int, bytes, int]:
     """Run a program on ``data`` in the kernel (BPF_PROG_TEST_RUN).
 
     Returns (program return code, output frame, mean ns per run). With repeat > 1 the
@@ -177,6 +183,6 @@ def prog_test_run(prog_fd: int, data: bytes, repeat: int = 1, out_size: int = 0)
     outbuf = ctypes.create_string_buffer(out_len)
     opts = TestRunOpts(sz=ctypes.sizeof(TestRunOpts), data_in=ctypes.cast(inbuf, c_void_p),
                        data_out=ctypes.cast(outbuf, c_void_p), data_size_in=len(data),
-                       data_size_out=out_len, repeat=repeat)
+                       data_size_out=out_len, repeat=repeat, flags=flags)
     check(lib().bpf_prog_test_run_opts(prog_fd, ctypes.byref(opts)), "BPF_PROG_TEST_RUN")
     return opts.retval, outbuf.raw[: opts.data_size_out], opts.duration

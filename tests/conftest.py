@@ -65,6 +65,14 @@ def hook(request, dp):
 
 
 @pytest.fixture
+def complete(dp):
+    """tc ingress with CHECKSUM_COMPLETE skbs (harness.CompleteHook)."""
+    from harness import CompleteHook
+
+    return CompleteHook(dp[0].tc_fd)
+
+
+@pytest.fixture
 def egress(dp):
     """The tc egress program (what the node itself sends)."""
     from harness import Hook

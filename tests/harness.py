@@ -12,7 +12,7 @@ from typing import Iterator
 from scapy.layers.inet import ICMP, IP, TCP, UDP, IPerror, TCPerror, UDPerror
 from scapy.layers.l2 import Ether
 
-from kxlb.loader.bpfsys import prog_test_run
+from kxlb.loader.bpfsys import BPF_F_TEST_SKB_CHECKSUM_COMPLETE, prog_test_run
 
 TC_ACT_UNSPEC, TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = -1, 0, 2, 7
 XDP_DROP, XDP_PASS, XDP_TX = 1, 2, 3
@@ -31,9 +31,9 @@ class Hook:
     name: str  # "tc" or "xdp"
     fd: int
 
-    def run(self, frame) -> tuple[int, bytes]:
+    def run(self, frame, flags: int = 0) -> tuple[int, bytes]:
         raw = bytes(frame)
-        verdict, out, _ = prog_test_run(self.fd, raw)
+        verdict, out, _ = prog_test_run(self.fd, raw, flags=flags)
         return ctypes.c_int32(verdict).value, out  # tc verdicts are signed (TC_ACT_UNSPEC)
 
     @property
@@ -53,6 +53,19 @@ class Hook:
     @property
     def sent_back(self) -> int:
         return SENT_BACK[self.name]
+
+
+class CompleteHook(Hook):
+    """tc with every skb CHECKSUM_COMPLETE, as from a NIC that sums each packet (mlx5 and
+    many others): the kernel's test run fails (EBADMSG) when the program leaves skb->csum
+    other than the sum of the packet's bytes, which the stack would then log as "hw csum
+    failure". Not for the reject, which makes a new packet to send, not to receive."""
+
+    def __init__(self, fd: int):
+        super().__init__("tc", fd)
+
+    def run(self, frame, flags: int = 0) -> tuple[int, bytes]:
+        return super().run(frame, flags | BPF_F_TEST_SKB_CHECKSUM_COMPLETE)
 
 
 def eth(payload):

@@ -343,6 +343,29 @@ def test_hairpin_flow_is_masqueraded_both_ways(hook, masquerade):
     assert (p[IP].src, p[TCP].sport, p[IP].dst, p[TCP].dport) == (VIP, PORT, CLIENT, 40500)
 
 
+@pytest.mark.parametrize("proto", [TCP, UDP])
+def test_a_checksum_complete_skb_keeps_a_true_sum(complete, masquerade, proto):
+    """The IPv4 rewrites at tc on a NIC that sums every packet (CHECKSUM_COMPLETE): both
+    ways, ICMP errors both ways, and a masqueraded flow leave the sum the stack trusts
+    true (the test run checks it)."""
+    sport = 40030 if proto is TCP else 6030
+    out = Ether(complete.run(eth(IP(src=CLIENT, dst=VIP) / proto(sport=sport, dport=PORT) / b"q"))[1])
+    backend = out[IP].dst
+    assert backend in BACKEND_ADDRS
+    err = eth(IP(src=backend, dst=CLIENT) / ICMP(type=3, code=3) / bytes(out[IP])[:28])
+    verdict, got = complete.run(err)
+    assert verdict == complete.translated and Ether(got)[IP].src == VIP
+    verdict, reply = complete.run(eth(IP(src=backend, dst=CLIENT) / proto(sport=8080, dport=sport) / b"r"))
+    assert verdict == complete.translated and (Ether(reply)[IP].src, Ether(reply)[proto].sport) == (VIP, PORT)
+    err = eth(IP(src=CLIENT, dst=VIP) / ICMP(type=3, code=3) / bytes(Ether(reply)[IP])[:28])
+    verdict, got = complete.run(err)
+    assert verdict == complete.translated and Ether(got)[IP].dst == backend
+    out = assert_checksums(complete.run(eth(IP(src="192.0.2.9", dst=VIP) / proto(sport=sport, dport=PORT)))[1])
+    assert out[IP].src == NODE_IP and in_src_port_range(out[proto].sport)
+    verdict, reply = complete.run(eth(IP(src=out[IP].dst, dst=NODE_IP) / proto(sport=8080, dport=out[proto].sport)))
+    assert verdict == complete.translated and Ether(reply)[IP].dst == "192.0.2.9"
+
+
 def test_clients_outside_the_cluster_cidr_are_masqueraded_inside_ones_not(hook, masquerade):
     inside = Ether(hook.run(syn(sport=40600))[1])
     assert inside[IP].src == CLIENT

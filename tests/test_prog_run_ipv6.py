@@ -116,6 +116,30 @@ def test_reply_is_reverse_nated_to_the_vip(hook, maps):
     assert (p[IPv6].dst, p[TCP].dport) == (CLIENT, 40001)
 
 
+@pytest.mark.parametrize("proto", [TCP, UDP])
+def test_a_checksum_complete_skb_keeps_a_true_sum(complete, table, proto):
+    """IPv6 NAT at tc on a NIC that sums every packet: the kernel's L4 checksum helper,
+    told of an address change, adjusts a CHECKSUM_COMPLETE sum as IPv4 needs it (whose
+    header checksum compensates the change; IPv6 has none), so the sum ended off by the
+    address change. Both ways, an ICMPv6 error about the flow, and a masqueraded flow."""
+    sport = 40010 if proto is TCP else 5360
+    verdict, out = complete.run(fwd(sport=sport, proto=proto))
+    assert verdict == complete.translated and (Ether(out)[IPv6].dst, Ether(out)[proto].dport) == (BACKEND, BPORT)
+    verdict, out = complete.run(eth(IPv6(src=BACKEND, dst=CLIENT) / proto(sport=BPORT, dport=sport) / b"world"))
+    assert verdict == complete.translated and (Ether(out)[IPv6].src, Ether(out)[proto].sport) == (VIP, PORT)
+    err = eth(IPv6(src=CLIENT, dst=VIP) / ICMPv6DestUnreach(code=4) / bytes(Ether(out)[IPv6]))
+    verdict, out = complete.run(err)
+    assert verdict == complete.translated and Ether(out)[IPv6].dst == BACKEND
+    table.set_config(DatapathConfig(snat_addrs=("10.0.0.1", NODE6), cluster_cidrs=("10.0.0.0/16", "fd00::/16"),
+                                    service_cidrs=CONFIG.service_cidrs))
+    verdict, out = complete.run(eth(IPv6(src=BACKEND, dst=VIP) / proto(sport=45010, dport=PORT) / b"h"))
+    p = assert_checksums6(out)
+    assert verdict == complete.translated and (p[IPv6].src, p[IPv6].dst) == (NODE6, BACKEND)
+    reply = eth(IPv6(src=BACKEND, dst=NODE6) / proto(sport=BPORT, dport=p[proto].sport) / b"r")
+    verdict, out = complete.run(reply)
+    assert verdict == complete.translated and (Ether(out)[IPv6].src, Ether(out)[proto].dport) == (VIP, 45010)
+
+
 @pytest.mark.parametrize("payload", [b"x", b"\x00" * 7, bytes(range(256)) * 4])
 def test_udp_both_ways_with_valid_nonzero_checksums(hook, maps, payload):
     verdict, out = hook.run(fwd(payload, sport=5353, proto=UDP))
