@@ -137,6 +137,7 @@ static __always_inline int KX_(ct_translate)(__u8 dir, struct KX_(ct_flow) *f, c
  * not fit it, else 0. */
 #ifndef KXLB_FIB_SCRATCH
 #define KXLB_FIB_SCRATCH
+#define KX_GSO_BY_FRAGS 0xffff /* skb->gso_size of an SCTP GSO packet (segments by its frags) */
 /* The route lookup's parameters: in a per-CPU map, as the IPv4 journey leaves no room
  * for them on the stack. Looked up only for a packet that needs the lookup. */
 BPF_PERCPU_ARRAY(fib_scratch, struct bpf_fib_lookup, 1);
@@ -153,9 +154,13 @@ static __always_inline __u32 KX_(masq_path_mtu)(void *ctx, void *data, void *dat
 		return 0;
 	__builtin_memset(fl, 0, sizeof(*fl));
 	__u32 len = KX_(pmtu_params)(fl, data, data_end, n, &hdrs);
+	if (!len)
+		return 0; /* may be fragmented on its way */
+	if (gso_size == KX_GSO_BY_FRAGS)
+		return 0; /* SCTP's GSO: each chunk sized for the path by its sender */
 	if (gso_size)
 		len = hdrs + gso_size;
-	if (len <= KX_PMTU_FLOOR)
+	if (len <= KX_PMTU_FLOOR || len > 0xffff)
 		return 0;
 	fl->l4_protocol = n->proto;
 	fl->sport = n->sport_new;

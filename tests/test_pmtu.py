@@ -106,9 +106,14 @@ def test_without_the_egress_program_the_upload_stalls(small_mtu_lab):
 NODE_PORT = 30080
 
 
-def masquerading(lab, *, gro: bool = False) -> dict[int, str]:
+def masquerading(lab, *, tso: bool = True, gro: bool = False) -> dict[int, str]:
     """A NodePort on each family's node address, its outside client masqueraded to the
-    node; GRO on the node's client-side device or not. Returns family -> node address."""
+    node. How the client's segments reach the node's hook: as GSO batches (the client's
+    TSO: a veth hands them on unsegmented), one by one (TSO and GSO off), or merged again
+    (GRO on the node's device). Returns family -> node address."""
+    if not tso:
+        subprocess.run(["ip", "netns", "exec", lab.client, "ethtool", "-K", "eth0", "tso", "off", "gso", "off"],
+                       check=True)
     if gro:
         subprocess.run(["ip", "netns", "exec", lab.node, "ethtool", "-K", lab.client_iface, "gro", "on"], check=True)
     node = {4: lab.node_client_ip, 6: lab.node_client_ip6}
@@ -125,14 +130,15 @@ def datapath_stats(lab) -> dict[str, int]:
     return json.loads(kxlb(lab, "stats", "--json").stdout)["datapath"]
 
 
-@pytest.mark.parametrize("hook, gro", [("tc", False), ("tc", True), ("xdp", False)], ids=["tc", "tc-gro", "xdp"])
+@pytest.mark.parametrize("hook, tso, gro", [("tc", False, False), ("tc", True, False), ("tc", False, True),
+                                             ("xdp", False, False)], ids=["tc", "tc-gso", "tc-gro", "xdp"])
 @pytest.mark.parametrize("family", [4, 6])
-def test_a_masqueraded_client_learns_the_path_mtu_from_the_datapath(small_mtu_lab, family, hook, gro):
+def test_a_masqueraded_client_learns_the_path_mtu_from_the_datapath(small_mtu_lab, family, hook, tso, gro):
     lab = small_mtu_lab
     if hook == "xdp":  # the client's link at XDP, its sender finalising checksums
         subprocess.run(["ip", "netns", "exec", lab.client, "ethtool", "-K", "eth0", "tx", "off"], check=True)
         kxlb(lab, "load", "--netns", lab.node, "--iface", lab.client_iface, "--xdp", "--xdp-trust-checksums")
-    node = masquerading(lab, gro=gro)[family]
+    node = masquerading(lab, tso=tso, gro=gro)[family]
     assert upload(lab.client, to=(node, NODE_PORT)) == UPLOAD
     assert f"mtu {SMALL_MTU}" in route_mtu(lab.client, node), route_mtu(lab.client, node)
     stats = datapath_stats(lab)
@@ -140,9 +146,9 @@ def test_a_masqueraded_client_learns_the_path_mtu_from_the_datapath(small_mtu_la
 
 
 @pytest.mark.parametrize("family", [4, 6])
-def test_gro_batches_that_fit_the_path_are_not_answered(netlab, family):
-    """GRO merges a client's segments into one packet far over any MTU: the datapath
-    checks its segments, as the kernel does, not the merged length."""
+def test_gso_batches_that_fit_the_path_are_not_answered(netlab, family):
+    """A GSO batch (the client's TSO, or the node's GRO) is one packet far over any MTU:
+    the datapath checks its segments, as the kernel does, not the merged length."""
     lab = netlab
     sink = subprocess.Popen(["ip", "netns", "exec", lab.backend(0), sys.executable, "-c", SINK, str(BPORT)],
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
