@@ -31,14 +31,14 @@ def csum(data: bytes) -> int:
     return ~s & 0xFFFF
 
 
-def _ipv4(src: bytes, dst: bytes, proto: int, l4: bytes) -> bytes:
-    hdr = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(l4), 1, 0, 64, proto, 0, src, dst)
+def _ipv4(src: bytes, dst: bytes, proto: int, l4: bytes, df: bool = False) -> bytes:
+    hdr = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(l4), 1, 0x4000 if df else 0, 64, proto, 0, src, dst)
     return hdr[:10] + struct.pack("!H", csum(hdr)) + hdr[12:] + l4
 
 
-def _ip(src: str, dst: str, proto: int, l4: bytes, sum_at: int, udp: bool = False) -> bytes:
+def _ip(src: str, dst: str, proto: int, l4: bytes, sum_at: int, udp: bool = False, df: bool = False) -> bytes:
     """Ethernet + IPv4 or IPv6 (by the addresses) + ``l4`` with its checksum (the
-    pseudo-header's sum) written at ``sum_at``."""
+    pseudo-header's sum) written at ``sum_at``; ``df``: IPv4's don't-fragment bit."""
     v6 = ":" in dst
     af = socket.AF_INET6 if v6 else socket.AF_INET
     s, d = socket.inet_pton(af, src), socket.inet_pton(af, dst)
@@ -49,14 +49,15 @@ def _ip(src: str, dst: str, proto: int, l4: bytes, sum_at: int, udp: bool = Fals
     l4 = l4[:sum_at] + struct.pack("!H", sum_) + l4[sum_at + 2:]
     if v6:
         return ETH6 + struct.pack("!IHBB16s16s", 6 << 28, len(l4), proto, 64, s, d) + l4
-    return ETH + _ipv4(s, d, proto, l4)
+    return ETH + _ipv4(s, d, proto, l4, df)
 
 
-def tcp(src: str, sport: int, dst: str, dport: int, flags: int = ACK, payload: bytes = PAYLOAD) -> bytes:
+def tcp(src: str, sport: int, dst: str, dport: int, flags: int = ACK, payload: bytes = PAYLOAD,
+        df: bool = False) -> bytes:
     """An Ethernet/IPv4/TCP frame (seq and ack 0, window 8192) with valid checksums
     (Ethernet/IPv6/TCP for IPv6 addresses)."""
     seg = struct.pack("!HHIIBBHHH", sport, dport, 0, 0, 5 << 4, flags, 8192, 0, 0) + payload
-    return _ip(src, dst, socket.IPPROTO_TCP, seg, 16)
+    return _ip(src, dst, socket.IPPROTO_TCP, seg, 16, df=df)
 
 
 def udp(src: str, sport: int, dst: str, dport: int, payload: bytes = PAYLOAD) -> bytes:

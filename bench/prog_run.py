@@ -76,6 +76,7 @@ from kxlb.lab.netlab import unique_tag  # noqa: E402
 from kxlb.loader.compile import MAIN_SOURCE, compile_source, load_entry_programs  # noqa: E402
 from kxlb.loader.layout import Backend, ServiceKey, canonical_ip  # noqa: E402
 from kxlb.loader.maps import Maps  # noqa: E402
+from kxlb.loader.netns import netns  # noqa: E402
 from kxlb.loader.services import DatapathConfig, ServiceTable  # noqa: E402
 from kxlb.loader.svcspec import Frontend, Kind, LbService  # noqa: E402
 
@@ -437,6 +438,72 @@ def variants_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+# --- the path MTU check of masqueraded packets ---------------------------------------------
+
+PMTU_CLIENT, PMTU_BACKEND = ("172.16.0.9", 40000), Backend("10.1.0.11", 8080)
+
+
+@contextmanager
+def forwarding_namespace():
+    """A namespace of our own where forwarding is on and the backend's subnet has a route
+    (a veth, MTU 1500): a test run's packet arrives on its loopback device, and the
+    datapath's route lookup is this namespace's (tests/test_prog_run_pmtu.py does the same)."""
+    ns = f"{unique_tag()}-bench"
+    try:
+        subprocess.run(["ip", "netns", "add", ns], check=True)
+        for cmd in (["link", "set", "lo", "up"], ["link", "add", "d0", "type", "veth", "peer", "d1"],
+                    ["addr", "add", "10.1.0.1/24", "dev", "d0"], ["link", "set", "d0", "up"],
+                    ["link", "set", "d1", "up"]):
+            subprocess.run(["ip", "-n", ns, *cmd], check=True)
+        subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.ip_forward=1"], check=True)
+        yield ns
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False, stderr=subprocess.DEVNULL)
+
+
+PMTU_ROWS = (("1,400 bytes, DF: route looked up", 1400, True), ("1,400 bytes, no DF: no lookup", 1400, False),
+             ("64-byte segment: no lookup", 118, True))
+
+
+def path_mtu(source: Path, calls: int, rounds: int, bar) -> list[dict]:
+    """What the route lookup of a large masqueraded packet costs (flow.tmpl.h
+    masq_path_mtu): a masqueraded flow's established segments, the same frames but for the
+    DF bit, which decides whether the lookup runs (a packet that may be fragmented is left
+    to the kernel). They fit the route, so every one is translated as before."""
+    cells: dict[tuple[str, str], list[float]] = {}
+    client, (vip, port) = PMTU_CLIENT, vip_of(0)
+    with forwarding_namespace() as ns:
+        for _ in range(rounds):
+            with kxlb_datapath(source) as k:
+                k.table.set_config(DatapathConfig(snat_addrs=(NODE_IP,), cluster_cidrs=("10.0.0.0/8",),
+                                                  src_ports=(1024, 29999)))
+                k.table.add_many([LbService.simple(ServiceKey(vip, port, 6), [PMTU_BACKEND])])
+                to = {(PMTU_BACKEND.addr, PMTU_BACKEND.port)}
+                for h, hook in enumerate(HOOKS):
+                    sport = client[1] + h
+                    syn = tcp(client[0], sport, vip, port, SYN)
+                    with netns(ns):
+                        timed_cell(f"pmtu flow {hook}", k, k.fd[hook], prebuilt([syn]), hook=hook, last=syn,
+                                   to=to, snat=NODE_IP, hits="new")
+                        for name, size, df in PMTU_ROWS:
+                            est = tcp(client[0], sport, vip, port, ACK, payload=b"x" * (size - 54), df=df)
+                            cells.setdefault((name, hook), []).append(
+                                timed_cell(f"pmtu {name} {hook}", k, k.fd[hook], prebuilt([est] * calls),
+                                           hook=hook, last=est, to=to, snat=NODE_IP, hits="ct_fwd"))
+            bar.update(1)
+    return [{"packet": name, "hook": hook, "ns": Spread.of(cells[(name, hook)])}
+            for hook in HOOKS for name, _, _ in PMTU_ROWS]
+
+
+def path_mtu_table(rows: list[dict]) -> str:
+    base = {r["hook"]: r["ns"].median for r in rows if "no DF" in r["packet"]}
+    out = ["| masqueraded flow, established | hook | ns per packet | over the same frame without DF |",
+           "|---|---|---:|---:|"]
+    for r in rows:
+        out.append(f"| {r['packet']} | {r['hook']} | {r['ns'].fmt()} | {r['ns'].median / max(base[r['hook']], 1):.2f}x |")
+    return "\n".join(out)
+
+
 # --- kernel primitives --------------------------------------------------------------------
 
 def primitives(ref: Reference, calls: int) -> dict[str, float]:
@@ -479,7 +546,7 @@ def main() -> int:
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="service counts, comma-separated")
     ap.add_argument("--katran", type=Path, default=katran.DEFAULT_ANCHOR, help="the anchor's katran_bench.py")
     ap.add_argument("--no-katran", action="store_true", help="kxlb only (no ratios)")
-    ap.add_argument("--only", choices=("versus", "scaling", "variants", "primitives"), action="append",
+    ap.add_argument("--only", choices=("versus", "scaling", "variants", "pmtu", "primitives"), action="append",
                     help="run only these sections (repeatable)")
     ap.add_argument("--rev", help="measure bpf/ and loader/ as committed at this git revision, not the checkout's")
     ap.add_argument("--json", help="also write the results to this file")
@@ -489,7 +556,7 @@ def main() -> int:
     if a.calls > 25_000:
         ap.error("--calls: at most 25000 (a kxlb round makes 4 x calls flows, 8 x calls conntrack entries of 262,144)")
     sizes = [int(s) for s in a.sizes.split(",")]
-    sections = set(a.only or ("versus", "scaling", "variants", "primitives"))
+    sections = set(a.only or ("versus", "scaling", "variants", "pmtu", "primitives"))
     anchor = None
     if "versus" in sections and not a.no_katran:
         try:
@@ -500,7 +567,7 @@ def main() -> int:
         katran.check_same_frames(a.katran)
         anchor = a.katran
     steps = (a.rounds * 2 * ("versus" in sections) + len(sizes) * a.rounds_kxlb * ("scaling" in sections)
-             + a.rounds_kxlb * ("variants" in sections))
+             + a.rounds_kxlb * ("variants" in sections) + a.rounds_kxlb * ("pmtu" in sections))
     t0 = time.monotonic()
     results: dict = {"machine": machine_notes(), "date": time.strftime("%Y-%m-%d"), "calls": a.calls}
     rev = os.environ.get("KXLB_BENCH_REV")
@@ -509,6 +576,7 @@ def main() -> int:
     phases = {"versus": lambda: head_to_head(source, ref, anchor, a.calls, a.rounds, bar),
               "scaling": lambda: scaling(source, ref, sizes, a.calls, a.rounds_kxlb, bar),
               "variants": lambda: variants(source, a.calls, a.rounds_kxlb, bar),
+              "pmtu": lambda: path_mtu(source, a.calls, a.rounds_kxlb, bar),
               "primitives": lambda: primitives(ref, a.calls)}
     took = {}
     with tqdm(total=steps, desc="prog_run rounds", unit="round", file=sys.stderr) as bar:
@@ -533,6 +601,10 @@ def main() -> int:
         print(variants_table(results["variants"]))
         for note in NOTES:
             print(f"note: {note}")
+    if "pmtu" in sections:
+        print(f"\nkxlb, the path MTU check of masqueraded packets (a route lookup, in a namespace with forwarding "
+              f"on): {spread.format(r=a.rounds_kxlb, n=a.calls)}")
+        print(path_mtu_table(results["pmtu"]))
     if "primitives" in sections:
         print("\nkernel primitives on this machine (ns over the empty program, same method):")
         for name, ns in results["primitives"].items():
