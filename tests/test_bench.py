@@ -4,6 +4,8 @@ frames did not take the path the row names (a benchmark that silently timed drop
 established flows as "new flows" would be worse than none)."""
 from __future__ import annotations
 
+import subprocess
+
 import sys
 from pathlib import Path
 
@@ -71,6 +73,20 @@ def test_kxlb_round_measures_every_row(ref):
         assert floor > 0
         for row in ("non_vip", "established", "new_flow_syn", "new_flow_ack"):
             assert got[hook, row] > floor, (hook, row, got)
+
+
+def test_path_mtu_rows_are_each_checked():
+    """The pmtu section: every row's frames were translated and masqueraded (timed_cell's
+    checks), on both hooks, and the namespace it timed them in is gone."""
+    class Bar:
+        def update(self, n):
+            pass
+
+    rows = prog_run.path_mtu(prog_run.MAIN_SOURCE, calls=50, rounds=1, bar=Bar())
+    assert {(r["packet"], r["hook"]) for r in rows} == {(name, h) for name, _, _ in prog_run.PMTU_ROWS
+                                                         for h in prog_run.HOOKS}
+    assert all(r["ns"].median > 0 for r in rows)
+    assert "-bench" not in subprocess.run(["ip", "netns"], capture_output=True, text=True).stdout
 
 
 def test_cells_refuse_the_wrong_path(ref):
