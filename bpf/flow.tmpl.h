@@ -122,6 +122,25 @@ static __always_inline int KX_(ct_translate)(__u8 dir, struct KX_(ct_flow) *f, c
 	return LB_NAT;
 }
 
+#ifndef KXLB_FIB_SCRATCH
+#define KXLB_FIB_SCRATCH
+#define KX_GSO_BY_FRAGS 0xffff /* skb->gso_size of an SCTP GSO packet (segments by its frags) */
+/* The route lookup's parameters: in a per-CPU map, as the IPv4 journey leaves no room
+ * for them on the stack. Looked up only for a packet that needs the lookup. */
+BPF_PERCPU_ARRAY(fib_scratch, struct bpf_fib_lookup, 1);
+
+/* This CPU's route lookup parameters, zeroed (NULL never happens for a one-entry array). */
+static __always_inline struct bpf_fib_lookup *fib_params(void)
+{
+	__u32 zero = 0;
+	struct bpf_fib_lookup *fl = fib_scratch.lookup(&zero);
+
+	if (fl)
+		__builtin_memset(fl, 0, sizeof(*fl));
+	return fl;
+}
+#endif
+
 /* Path MTU of a masqueraded packet. The kernel checks a forwarded packet against its
  * route's MTU and, when it does not fit and may not be fragmented (IPv4's DF; every IPv6
  * packet), answers "fragmentation needed" ("packet too big") to the packet's source. A
@@ -135,24 +154,14 @@ static __always_inline int KX_(ct_translate)(__u8 dir, struct KX_(ct_flow) *f, c
  * kernel checks it. Packets that fit every path of their family skip the lookup: a
  * flow's ACKs and small requests cost nothing. Returns the path MTU when the packet does
  * not fit it, else 0. */
-#ifndef KXLB_FIB_SCRATCH
-#define KXLB_FIB_SCRATCH
-#define KX_GSO_BY_FRAGS 0xffff /* skb->gso_size of an SCTP GSO packet (segments by its frags) */
-/* The route lookup's parameters: in a per-CPU map, as the IPv4 journey leaves no room
- * for them on the stack. Looked up only for a packet that needs the lookup. */
-BPF_PERCPU_ARRAY(fib_scratch, struct bpf_fib_lookup, 1);
-#endif
-
 static __always_inline __u32 KX_(masq_path_mtu)(void *ctx, void *data, void *data_end,
 						const struct KX_(nat_plan) *n, __u32 ifindex, __u32 gso_size)
 {
-	__u32 zero = 0;
-	struct bpf_fib_lookup *fl = fib_scratch.lookup(&zero);
+	struct bpf_fib_lookup *fl = fib_params();
 	__u32 hdrs = 0;
 
 	if (!fl)
 		return 0;
-	__builtin_memset(fl, 0, sizeof(*fl));
 	__u32 len = KX_(pmtu_params)(fl, data, data_end, n, &hdrs);
 	if (!len)
 		return 0; /* may be fragmented on its way */
@@ -446,13 +455,6 @@ static __always_inline int KX_(local_reply_plan)(const struct KX_(pkt) *p, struc
 	return n ? KX_(ct_translate)(KXLB_CT_DIR_REV, f, &to, cfg, p, now, n) : LB_PASS;
 }
 
-/* tc egress: what the node itself sends about translated flows.
- *  - The replies of its host-network backends (local_reply_plan).
- *  - ICMP errors it generates about a translated flow (e.g. "fragmentation needed" /
- *    "packet too big" when a client's translated packet does not fit the backend's
- *    path): their quote shows the translated packet, which the client never sent, so it
- *    is translated back (icmp_error_nat) or path MTU discovery through a VIP would fail.
- * Everything else goes on untouched. */
 /* An error translated at egress that now goes to someone else: an error the node sends to
  * a VIP about a reply (e.g. "fragmentation needed" when a backend's reply does not fit
  * the client's path) goes to the backend. The kernel routed it to the VIP (a real node's
@@ -461,15 +463,13 @@ static __always_inline int KX_(local_reply_plan)(const struct KX_(pkt) *p, struc
  * a resolved route (no route, no neighbour entry yet) it goes on as routed. */
 static __always_inline int KX_(reroute)(struct __sk_buff *skb, kx_addr_t was)
 {
-	__u32 zero = 0;
-	struct bpf_fib_lookup *fl = fib_scratch.lookup(&zero);
+	struct bpf_fib_lookup *fl = fib_params();
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
+	struct ethhdr *eth;
 
 	if (!fl)
 		return TC_ACT_OK;
-	__builtin_memset(fl, 0, sizeof(*fl));
 	if (KX_(route_params)(fl, data, data_end, was) <= 0)
 		return TC_ACT_OK; /* its destination as routed */
 	/* As if it arrived here to be forwarded: an output lookup would be bound to this
@@ -487,6 +487,13 @@ static __always_inline int KX_(reroute)(struct __sk_buff *skb, kx_addr_t was)
 	return fl->ifindex == skb->ifindex ? TC_ACT_OK : bpf_redirect(fl->ifindex, 0);
 }
 
+/* tc egress: what the node itself sends about translated flows.
+ *  - The replies of its host-network backends (local_reply_plan).
+ *  - ICMP errors it generates about a translated flow (e.g. "fragmentation needed" /
+ *    "packet too big" when a client's translated packet does not fit the backend's
+ *    path): their quote shows the translated packet, which the client never sent, so it
+ *    is translated back (icmp_error_nat) or path MTU discovery through a VIP would fail.
+ * Everything else goes on untouched. */
 static __always_inline int KX_(lb_tc_egress)(struct __sk_buff *skb)
 {
 	struct KX_(pkt) p = {};
