@@ -12,6 +12,7 @@ family.
 from __future__ import annotations
 
 import ctypes
+import struct
 import time
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple
@@ -70,13 +71,23 @@ def _rol32(w: int, s: int) -> int:
     return ((w << s) | (w >> (32 - s))) & 0xffffffff
 
 
+def _fold6(w) -> int:
+    return (w[0] ^ w[1] ^ _rol32(w[2], 7) ^ _rol32(w[3], 13)) & 0xffffffff
+
+
 def fold(fam: Family, addr) -> int:
     """family.tmpl.h KX_FOLD() (addr6.h kx6_fold for IPv6): an address field's value as
     the 32 bits a claim or an address filter uses."""
-    if fam is V6:
-        w = addr.w
-        return (w[0] ^ w[1] ^ _rol32(w[2], 7) ^ _rol32(w[3], 13)) & 0xffffffff
-    return addr
+    return _fold6(addr.w) if fam is V6 else addr
+
+
+_WORDS6 = struct.Struct("<4I")
+
+
+def fold_packed(fam: Family, raw: bytes) -> int:
+    """fold() of a packed address (network order, as inet_pton gives it), without a
+    ctypes object: a full sync folds every backend of the node."""
+    return _fold6(_WORDS6.unpack(raw)) if fam is V6 else int.from_bytes(raw, "little")
 
 
 def ct_claim(fam: Family, front, front_port: int, flags: int) -> int:
