@@ -98,6 +98,11 @@
 
 /* Configuration flags (struct lb_config.flags). */
 #define KXLB_CFG_F_MASQUERADE_ALL 0x01   /* masquerade every new flow to a cluster IP (--masquerade-all) */
+#define KXLB_CFG_F_SVC_CIDR_MAP  0x02    /* more service CIDRs than svc_cidr holds: src_range_map has them all */
+
+/* The service id under which src_range_map holds the service CIDRs (no service has it:
+ * ids start at 1). */
+#define KXLB_SVC_CIDR_ID         0
 
 /* Which way a packet of a tracked flow goes. */
 #define KXLB_CT_DIR_FWD          0       /* client -> frontend, as sent by the client */

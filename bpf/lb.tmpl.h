@@ -119,6 +119,16 @@ static __always_inline int KX_(lb_affine_slot)(const struct KX_(svc_key) *sk, co
 	return 0;
 }
 
+/* Does src_range_map hold a range under svc_id that contains addr? The LPM key is svc_id
+ * then the address: a full-length lookup (32 + the address's bits) finds the longest
+ * such range. */
+static __always_inline int KX_(src_range_has)(__u32 svc_id, const kx_addr_t *addr)
+{
+	struct KX_(src_range_key) rk = {.prefixlen = 32 + 8 * sizeof(kx_addr_t), .svc_id = svc_id, .addr = *addr};
+
+	return KX_(src_range_map).lookup(&rk) != NULL;
+}
+
 /* The decision for a new flow to frontend `sk` (whose svc_map entry `sv` the caller
  * copied): the one place, shared by tc, XDP and the socket hooks, where kube-proxy's
  * service semantics live. Order as kube-proxy's chains: the load-balancer firewall
@@ -131,16 +141,10 @@ static __always_inline int KX_(lb_decide)(const struct KX_(svc_key) *sk, const s
 	__u8 set;
 	int err;
 
-	if ((sv->flags & KXLB_SVC_F_SRC_RANGES) && sv->kind == KXLB_KIND_LOAD_BALANCER) {
-		/* The LPM key is svc_id then the address: a full-length lookup (32 + the
-		 * address's bits) finds the longest range of this service holding the client. */
-		struct KX_(src_range_key) rk = {.prefixlen = 32 + 8 * sizeof(kx_addr_t), .svc_id = sv->svc_id,
-						.addr = f->client};
-
-		if (!KX_(src_range_map).lookup(&rk)) {
-			stat_inc(KXLB_ST_SRC_RANGE);
-			return LB_DEC_DROP;
-		}
+	if ((sv->flags & KXLB_SVC_F_SRC_RANGES) && sv->kind == KXLB_KIND_LOAD_BALANCER &&
+	    !KX_(src_range_has)(sv->svc_id, &f->client)) {
+		stat_inc(KXLB_ST_SRC_RANGE);
+		return LB_DEC_DROP;
 	}
 	set = lb_set_for(sv, f->origin);
 	if ((set == KXLB_SET_LOCAL ? sv->local_count : sv->count) == 0) {
@@ -179,6 +183,9 @@ static __always_inline int KX_(lb_unknown_service_addr)(const struct KX_(lb_conf
 	for (int i = 0; i < KXLB_MAX_SVC_CIDRS; i++)
 		if (!KX_ZERO(cfg->svc_mask[i]) && KX_IN_NET(*daddr, cfg->svc_cidr[i], cfg->svc_mask[i]))
 			in_cidr = 1;
+	/* More CIDRs than the config holds (rare): one LPM lookup, paid only there. */
+	if (!in_cidr && (cfg->flags & KXLB_CFG_F_SVC_CIDR_MAP))
+		in_cidr = KX_(src_range_has)(KXLB_SVC_CIDR_ID, daddr);
 	if (!in_cidr)
 		return LB_DEC_BACKEND;
 	struct KX_(svc_key) mk = {.vip = *daddr};

@@ -194,7 +194,11 @@ struct affinity_value {
 
 /* src_range_map (LPM trie): loadBalancerSourceRanges. A load-balancer frontend with
  * KXLB_SVC_F_SRC_RANGES admits a new flow only if (svc_id, client) matches an entry.
- * prefixlen counts svc_id's 32 bits too: a CIDR /n is stored with prefixlen 32 + n. */
+ * prefixlen counts svc_id's 32 bits too: a CIDR /n is stored with prefixlen 32 + n.
+ * Under svc_id KXLB_SVC_CIDR_ID it also holds every service CIDR of a family that has
+ * more than lb_config.svc_cidr holds (KXLB_CFG_F_SVC_CIDR_MAP): kube-proxy takes any
+ * number of ServiceCIDR objects, and this map already answers "which CIDR holds this
+ * address" for any number, so no map or layout is added for them. */
 struct src_range_key {
 	__u32  prefixlen;
 	__u32  svc_id;    /* always matched whole (prefixlen >= 32): byte order is moot */
@@ -209,7 +213,10 @@ struct src_range_key {
  * back through this node). snat_addr 0: never. cluster_mask 0: no cluster CIDR known,
  * every client counts as external.
  * svc_cidr/svc_mask: the service CIDRs (ServiceCIDR objects). A new flow to an address
- * in them that is not a live cluster IP is dropped (mask 0: unused slot). */
+ * in them that is not a live cluster IP is dropped (mask 0: unused slot). A family with
+ * more than KXLB_MAX_SVC_CIDRS has its first ones here (compared without a lookup, on
+ * every packet that is no service's) and all of them in src_range_map
+ * (KXLB_CFG_F_SVC_CIDR_MAP). */
 struct lb_config {
 	__be32 snat_addr;
 	__be32 cluster_cidr;

@@ -20,7 +20,7 @@ from kxlb.loader.maps import Maps
 from kxlb.loader.services import DatapathConfig
 
 from .decode import DecodeError, canonical_ip6
-from .dpconfig import MAX_SVC_CIDRS, datapath_config
+from .dpconfig import datapath_config
 from .health import ProxyHealth
 from .healthcheck import HealthCheckServers
 from .informer import DELETED, Informer, WatchTiming
@@ -462,15 +462,17 @@ class Controller:
             except (OSError, KxlbError) as exc:
                 log.error("masquerade source ports: %s; using the datapath's default range", exc)
                 self._src_ports = ()
-        want, dropped = datapath_config((self._node_ip, self._node_ip6), self.config.masquerade_address, local, cidrs,
-                                        self.config.masquerade_all, self._src_ports or None,
-                                        self._node_external - (self._local_addrs or frozenset()))
-        if dropped:
-            log.error("service CIDRs %s: the datapath knows %d per family (%s)", ", ".join(dropped), MAX_SVC_CIDRS,
-                      ", ".join(want.service_cidrs))
+        want = datapath_config((self._node_ip, self._node_ip6), self.config.masquerade_address, local, cidrs,
+                               self.config.masquerade_all, self._src_ports or None,
+                               self._node_external - (self._local_addrs or frozenset()))
         if want == self._dp_config:
             return
-        self.programmer.table.set_config(want)
+        try:
+            self.programmer.table.set_config(want)
+        except KxlbError as exc:   # only CIDRs beyond the config's own were left out
+            log.error("datapath config: %s", exc)
+            self._dp_config = None   # tried again next sync
+            return
         self._dp_config = want
         log.info("datapath: masquerade to %s (hairpin%s%s); service CIDRs %s",
                  " and ".join(want.snat_addrs) or "(nothing: no address known)",

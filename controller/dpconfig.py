@@ -4,17 +4,14 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from kxlb.loader.layout import C
 from kxlb.loader.services import DatapathConfig
-
-MAX_SVC_CIDRS = C["MAX_SVC_CIDRS"]   # per family: the config map's fixed array
 
 
 def datapath_config(node_ips: Iterable[str | None], masquerade_address: str | None, pod_cidrs: Iterable[str],
                     service_cidrs: Iterable[str], masquerade_all: bool, src_ports: tuple[int, int] | None,
-                    not_held: frozenset[str] = frozenset()) -> tuple[DatapathConfig, list[str]]:
-    """The config, and the service CIDRs it has no room for (the first MAX_SVC_CIDRS of
-    each family, in sorted order, are kept).
+                    not_held: frozenset[str] = frozenset()) -> DatapathConfig:
+    """The config (service CIDRs sorted: the first of each family go into the config
+    entry itself, loader/services.py DatapathConfig).
 
     - node_addrs: the node IP of each family (hairpin and local-backend checks);
     - snat_addrs: what masqueraded flows leave with: the node IP of each family, but
@@ -26,12 +23,5 @@ def datapath_config(node_ips: Iterable[str | None], masquerade_address: str | No
     masq = masquerade_address
     own = tuple(a for a in node_addrs if a not in not_held)
     snat = tuple(a for a in own if not masq or (":" in a) != (":" in masq)) + ((masq,) if masq else ())
-    kept: list[str] = []
-    dropped: list[str] = []
-    cidrs = sorted(set(service_cidrs))
-    for six in (False, True):
-        mine = [c for c in cidrs if (":" in c) == six]
-        kept += mine[:MAX_SVC_CIDRS]
-        dropped += mine[MAX_SVC_CIDRS:]
-    return DatapathConfig(snat_addrs=snat, cluster_cidrs=tuple(pod_cidrs), service_cidrs=tuple(kept),
-                          masquerade_all=masquerade_all, src_ports=src_ports or None, node_addrs=node_addrs), dropped
+    return DatapathConfig(snat_addrs=snat, cluster_cidrs=tuple(pod_cidrs), service_cidrs=tuple(sorted(set(service_cidrs))),
+                          masquerade_all=masquerade_all, src_ports=src_ports or None, node_addrs=node_addrs)

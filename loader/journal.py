@@ -148,7 +148,9 @@ def sweep(maps, ids: set[int] | None = None, op: str = "", gen: int | None = Non
                         out.slots += _probe_delete(backends, lambda n, s: BackendKey(svc_id=i, slot=n, gen=g, set=s),
                                                    MAX_PER_SVC, dense=OLD_MAX_PER_SVC)
         ranges = fam.map(maps, "src_ranges")
-        out.ranges += _delete_where(ranges, lambda k: k.svc_id not in live_ids and (ids is None or k.svc_id in ids))
+        # (the service CIDRs' entries belong to no service: ServiceTable.set_config's)
+        out.ranges += _delete_where(ranges, lambda k: k.svc_id not in live_ids and k.svc_id != C["SVC_CIDR_ID"] and
+                                    (ids is None or k.svc_id in ids))
         affinity = fam.map(maps, "affinity")
         _delete_where(affinity, lambda k: k.svc_id not in live_ids and (ids is None or k.svc_id in ids))
         out.markers += _fix_markers(services, fronts, None if ids is None else set(vips), fam)

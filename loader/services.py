@@ -28,6 +28,8 @@ from .svcspec import Frontend, Kind, LbService
 log = logging.getLogger("kxlb.loader")
 
 MAX_PER_SVC = C["MAX_BACKENDS_PER_SVC"]
+MAX_SVC_CIDRS = C["MAX_SVC_CIDRS"]   # per family in struct lb_config; any more: src_range_map (set_config)
+SVC_CIDR_ID = C["SVC_CIDR_ID"]       # the source range maps' "service" of the service CIDRs
 MARKER = C["KIND_MARKER"]
 SETS = (C["SET_CLUSTER"], C["SET_LOCAL"])
 
@@ -400,8 +402,6 @@ class ServiceTable:
         # Everything in the maps counts against their capacity, also entries no state
         # owns (a generation half written by a writer that died, a marker left over).
         self._used, self._chunks_used = usage, chunks
-        for fam in FAMILIES:
-            usage[fam].ranges = sum(len(st.spec.source_ranges) for st in actual.values() if st.key.family is fam)
 
     def sync_markers(self) -> None:
         """Rewrite every cluster IP's marker entry (after edits behind our back)."""
@@ -462,7 +462,7 @@ class ServiceTable:
             st = _state_of(svc_id, entries, lambda g, set_: slots.get((svc_id, g, set_), {}),
                            lambda g, set_: chunks[(svc_id, g, set_)], ranges.get(svc_id, ()))
             out[st.key] = st
-        return _MapUsage(slots=n_slots, entries=n_entries)
+        return _MapUsage(slots=n_slots, entries=n_entries, ranges=sum(map(len, ranges.values())))
 
     def _frontends_by_id(self, fam: Family) -> tuple[dict[int, list[tuple[ServiceKey, SvcValue]]], int]:
         """One family's frontends by service id, and the entries of its map (markers too)."""
@@ -970,12 +970,39 @@ class ServiceTable:
 
     # --- node configuration -------------------------------------------------------------
     def set_config(self, cfg: "DatapathConfig") -> None:
-        """Write both families' struct lb_config: when to masquerade, and the service CIDRs."""
+        """Write both families' struct lb_config: when to masquerade, and the service CIDRs.
+
+        A family with more service CIDRs than the config holds has them all in its source
+        range map too, under SVC_CIDR_ID (maps.h): written before the config that sends
+        the datapath there, and taken away after the config that no longer does, so a
+        packet never finds the flag without the entries. If that map has no room, the
+        config keeps its first CIDRs without the flag (a KxlbError says which were left
+        out, after the rest was written)."""
+        failed = []
         for fam in FAMILIES:
-            fam.map(self.maps, "config").put(ctypes.c_uint32(0), cfg.to_c(fam))
+            config = fam.map(self.maps, "config")
+            have = self._svc_cidr_entries(fam)
+            want = cfg.cidrs_of(fam) if len(cfg.cidrs_of(fam)) > MAX_SVC_CIDRS else ()
+            try:
+                self._check_ranges(fam, len(set(want) - set(have)))
+                self._put_ranges(fam, SVC_CIDR_ID, [c for c in want if c not in have])
+            except (KxlbError, OSError) as exc:
+                failed.append(f"{', '.join(want[MAX_SVC_CIDRS:])}: {exc}")
+                config.put(ctypes.c_uint32(0), cfg.to_c(fam, all_cidrs=False))
+                continue
+            config.put(ctypes.c_uint32(0), cfg.to_c(fam))
+            self._delete_ranges(fam, SVC_CIDR_ID, [c for c in have if c not in want])
+        if failed:
+            raise KxlbError(f"service CIDRs beyond the first {MAX_SVC_CIDRS} per family not written "
+                            f"(the rest of the config was): {'; '.join(failed)}")
+
+    def _svc_cidr_entries(self, fam: Family) -> tuple[str, ...]:
+        """The service CIDRs a family's source range map holds (SVC_CIDR_ID's entries)."""
+        return tuple(self._ranges(fam).get(SVC_CIDR_ID, ()))
 
     def read_config(self) -> "DatapathConfig":
-        got = [DatapathConfig.from_c(fam, fam.map(self.maps, "config").get(ctypes.c_uint32(0)) or fam.LbConfig())
+        got = [DatapathConfig.from_c(fam, fam.map(self.maps, "config").get(ctypes.c_uint32(0)) or fam.LbConfig(),
+                                     self._svc_cidr_entries(fam))
                for fam in FAMILIES]
         return DatapathConfig.merge(*got)
 
@@ -1021,8 +1048,9 @@ class DatapathConfig:
             raise KxlbError(f"{what}: {', '.join(mine)}: at most one {fam.name} value")
         return mine[0] if mine else None
 
-    def to_c(self, fam: Family = V4):
-        """This family's struct lb_config(6)."""
+    def to_c(self, fam: Family = V4, all_cidrs: bool = True):
+        """This family's struct lb_config(6). ``all_cidrs``: a family with more service
+        CIDRs than it holds has the rest in the source range map (the flag set)."""
         cfg = fam.LbConfig()
         if self.src_ports is not None:
             lo, hi = self.src_ports
@@ -1038,20 +1066,25 @@ class DatapathConfig:
             net = fam.parse_net(cidr, "cluster CIDR")
             cfg.cluster_cidr = fam.addr_c(str(net.network_address))
             cfg.cluster_mask = fam.addr_c(str(net.netmask))
-        nets = [parse_net(text, "service CIDR") for text in self.service_cidrs]
-        mine = [n for n in nets if n.version == fam.version]
-        if len(mine) > C["MAX_SVC_CIDRS"]:
-            raise KxlbError(f"{len(mine)} {fam.name} service CIDRs, the datapath holds at most "
-                            f"{C['MAX_SVC_CIDRS']} per family")
-        for i, net in enumerate(mine):
+        mine = [parse_net(text, "service CIDR") for text in self.cidrs_of(fam)]
+        for i, net in enumerate(mine[:MAX_SVC_CIDRS]):
             cfg.svc_cidr[i] = fam.addr_c(str(net.network_address))
             cfg.svc_mask[i] = fam.addr_c(str(net.netmask))
         cfg.flags = C["CFG_F_MASQUERADE_ALL"] if self.masquerade_all else 0
+        if len(mine) > MAX_SVC_CIDRS and all_cidrs:
+            cfg.flags |= C["CFG_F_SVC_CIDR_MAP"]   # the rest: ServiceTable.set_config
         return cfg
 
+    def cidrs_of(self, fam: Family) -> tuple[str, ...]:
+        """This family's service CIDRs, normalised (10.96.0.1/16 is 10.96.0.0/16), each once,
+        in order: the config holds the first MAX_SVC_CIDRS."""
+        nets = (parse_net(text, "service CIDR") for text in self.service_cidrs)
+        return tuple(dict.fromkeys(str(n) for n in nets if n.version == fam.version))
+
     @classmethod
-    def from_c(cls, fam: Family, c) -> "DatapathConfig":
-        """The settings one family's entry holds."""
+    def from_c(cls, fam: Family, c, more_cidrs: tuple[str, ...] = ()) -> "DatapathConfig":
+        """The settings one family's entry holds; ``more_cidrs``: its service CIDRs in the
+        source range map (all of them, when the entry's flag says they are there)."""
         def addr(field) -> tuple[str, ...]:
             text = fam.c_addr(field)
             return (text,) if fam.address(text) != fam.address(0) else ()
@@ -1063,8 +1096,9 @@ class DatapathConfig:
         return cls(
             snat_addrs=addr(c.snat_addr),
             cluster_cidrs=(net(c.cluster_cidr, c.cluster_mask),) if addr(c.cluster_mask) else (),
-            service_cidrs=tuple(net(c.svc_cidr[i], c.svc_mask[i]) for i in range(C["MAX_SVC_CIDRS"])
-                                if addr(c.svc_mask[i])),
+            service_cidrs=tuple(dict.fromkeys(
+                tuple(net(c.svc_cidr[i], c.svc_mask[i]) for i in range(MAX_SVC_CIDRS) if addr(c.svc_mask[i])) +
+                (tuple(more_cidrs) if c.flags & C["CFG_F_SVC_CIDR_MAP"] else ()))),
             masquerade_all=bool(c.flags & C["CFG_F_MASQUERADE_ALL"]),
             src_ports=(c.src_port_min, c.src_port_max) if c.src_port_min else None,
             node_addrs=addr(c.node_addr),

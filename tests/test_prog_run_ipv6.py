@@ -9,6 +9,8 @@ the output frame's bytes and checksums, the verdict, and the maps.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from scapy.layers.inet import TCP, UDP
 from scapy.layers.inet6 import (ICMPv6DestUnreach, ICMPv6EchoRequest, ICMPv6ND_NS, ICMPv6PacketTooBig, IPerror6,
@@ -217,6 +219,25 @@ def test_other_port_of_a_cluster_ip_is_rejected_and_unallocated_address_dropped(
     assert verdict == hook.sent_back and Ether(out)[ICMPv6DestUnreach].code == 4
     verdict, _ = hook.run(fwd(sport=40005, dst="fd00:96::99"))
     assert verdict == hook.dropped
+
+
+def test_more_ipv6_service_cidrs_than_the_config_holds_are_each_dropped_or_rejected(hook, table):
+    """As for IPv4 (test_prog_run_service_types.py): the fifth and later CIDRs of the
+    family live in its source range map under service id 0."""
+    extra = tuple(f"fd00:{0x200 + i:x}::/112" for i in range(4))   # 5 IPv6 CIDRs: the last past the config's 4
+    table.set_config(replace(CONFIG, service_cidrs=CONFIG.service_cidrs + extra))
+    assert len(list(table.maps.src_ranges6.keys())) == 5 and not list(table.maps.src_ranges.keys())
+    table.put(LbService.simple(ServiceKey("fd00:203::20", PORT, 6), [Backend(BACKEND, BPORT)]))
+    verdict, _ = hook.run(fwd(sport=40011, dst="fd00:203::99"))
+    assert verdict == hook.dropped
+    verdict, out = hook.run(fwd(sport=40011, dst="fd00:203::20", dport=81))
+    assert verdict == hook.sent_back and Ether(out)[ICMPv6DestUnreach].code == 4
+    verdict, out = hook.run(fwd(sport=40011, dst="fd00:204::99"))
+    assert verdict == hook.passed and Ether(out)[IPv6].dst == "fd00:204::99"
+    table.set_config(CONFIG)
+    assert not list(table.maps.src_ranges6.keys())
+    verdict, _ = hook.run(fwd(sport=40012, dst="fd00:203::99"))
+    assert verdict == hook.passed
 
 
 def test_echo_request_to_a_cluster_ip_is_rejected_like_ipv4(hook, maps):

@@ -7,6 +7,7 @@ client in 192.0.2.0/24, services in 10.96.0.0/16.
 """
 from __future__ import annotations
 
+import ctypes
 from dataclasses import replace
 
 import pytest
@@ -303,6 +304,30 @@ def test_an_unallocated_service_address_is_dropped_and_others_pass(hook, table):
     assert_dropped(hook, "10.96.0.99", PORT)
     verdict, out, _ = send(hook, "10.97.0.99", PORT)   # outside the service CIDR: not ours
     assert verdict == hook.passed and Ether(out)[IP].dst == "10.97.0.99"
+
+
+def test_more_service_cidrs_than_the_config_holds_are_each_dropped_or_rejected(hook, table):
+    """kube-proxy takes any number of ServiceCIDR objects. The config entry holds the
+    first four of a family; the rest go into the source range map under service id 0,
+    flagged in the config, and their addresses are treated as the first four's."""
+    extra = tuple(f"10.{200 + i}.0.0/16" for i in range(5))      # 6 CIDRs: 10.204/16 past the config's 4
+    table.set_config(replace(CONFIG, service_cidrs=CONFIG.service_cidrs + extra))
+    cfg = table.maps.config.get(ctypes.c_uint32(0))
+    assert cfg.flags & C["CFG_F_SVC_CIDR_MAP"]
+    assert sorted((k.svc_id, k.prefixlen) for k in table.maps.src_ranges.keys()) == [(0, 32 + 16)] * 6
+    assert set(table.read_config().service_cidrs) == set(CONFIG.service_cidrs + extra)
+    table.put(svc(key=ServiceKey("10.204.0.20", PORT, 6), frontends=()))
+    assert_dropped(hook, "10.204.0.99", PORT)          # unallocated, in the sixth CIDR
+    assert_rejected(hook, "10.204.0.20", 81)           # its cluster IP, on a port no Service has
+    assert forwarded(hook, "10.204.0.20", PORT)[1] in ALL
+    verdict, out, _ = send(hook, "10.210.0.99", PORT)  # in none: not ours
+    assert verdict == hook.passed and Ether(out)[IP].dst == "10.210.0.99"
+
+    table.set_config(CONFIG)   # back to one: the entries go, after the flag
+    assert not table.maps.config.get(ctypes.c_uint32(0)).flags & C["CFG_F_SVC_CIDR_MAP"]
+    assert not list(table.maps.src_ranges.keys()) and table.read_config().service_cidrs == CONFIG.service_cidrs
+    verdict, _, _ = send(hook, "10.204.0.99", PORT)
+    assert verdict == hook.passed
 
 
 # --- loadBalancerSourceRanges ------------------------------------------------------------------

@@ -67,25 +67,18 @@ def test_a_bad_object_keeps_the_last_good_version_and_is_reported():
     assert ips(work) == {"d/a": ["10.0.0.1", "10.0.0.3"]} and work[0].service.cluster_ips == ("10.96.0.10",)
 
 
-def test_the_datapath_config_is_the_node_ips_the_masquerade_address_and_the_cidrs_that_fit():
-    from kxlb.controller.dpconfig import MAX_SVC_CIDRS, datapath_config
-
-    cfg, dropped = datapath_config(("192.168.0.10", "fd00::10"), "fd00::99", ("10.244.0.0/16",),
-                                   [f"10.{100 + i}.0.0/16" for i in range(MAX_SVC_CIDRS + 1)] + ["fd00:96::/108"],
-                                   masquerade_all=False, src_ports=(20000, 29999))
-    assert cfg.node_addrs == ("192.168.0.10", "fd00::10")
-    assert cfg.snat_addrs == ("192.168.0.10", "fd00::99")   # --masquerade-address replaces its family's
-    assert cfg.service_cidrs == tuple(f"10.{100 + i}.0.0/16" for i in range(MAX_SVC_CIDRS)) + ("fd00:96::/108",)
-    assert dropped == [f"10.{100 + MAX_SVC_CIDRS}.0.0/16"] and cfg.src_ports == (20000, 29999)
-    cfg, dropped = datapath_config((None, None), None, (), (), masquerade_all=True, src_ports=None)
-    assert (cfg.snat_addrs, cfg.node_addrs, cfg.masquerade_all, cfg.src_ports, dropped) == ((), (), True, None, [])
-
-
-def test_a_node_ip_the_node_does_not_hold_is_not_a_masquerade_address():
-    """A cloud's ExternalIP NATed to the node is a node IP (GetNodeHostIPs) but replies to
-    it would never reach the node: masqueraded flows leave with addresses it holds."""
+def test_the_datapath_config_is_the_node_ips_the_masquerade_address_and_every_service_cidr():
     from kxlb.controller.dpconfig import datapath_config
 
-    cfg, _ = datapath_config(("192.168.0.10", "2001:db8::7"), None, (), (), False, None,
-                             not_held=frozenset({"2001:db8::7"}))
+    many = [f"10.{100 + i}.0.0/16" for i in range(6)]   # more than struct lb_config holds
+    cfg = datapath_config(("192.168.0.10", "fd00::10"), "fd00::99", ("10.244.0.0/16",),
+                          many[::-1] + ["fd00:96::/108", many[0]], masquerade_all=False, src_ports=(20000, 29999))
+    assert cfg.node_addrs == ("192.168.0.10", "fd00::10")
+    assert cfg.snat_addrs == ("192.168.0.10", "fd00::99")   # --masquerade-address replaces its family's
+    assert cfg.service_cidrs == tuple(many) + ("fd00:96::/108",) and cfg.src_ports == (20000, 29999)
+    cfg = datapath_config((None, None), None, (), (), masquerade_all=True, src_ports=None)
+    assert (cfg.snat_addrs, cfg.node_addrs, cfg.masquerade_all, cfg.src_ports) == ((), (), True, None)
+
+    cfg = datapath_config(("192.168.0.10", "2001:db8::7"), None, (), (), False, None,
+                          not_held=frozenset({"2001:db8::7"}))
     assert cfg.snat_addrs == ("192.168.0.10",) and cfg.node_addrs == ("192.168.0.10", "2001:db8::7")
