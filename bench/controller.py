@@ -48,7 +48,7 @@ def lists(n_services: int, endpoints: int = 10) -> tuple[dict, dict]:
 
 CHILD = r"""
 import gc, json, sys, time
-from kxlb.controller.controller import Controller, ControllerConfig
+from kxlb.controller.controller import Controller, ControllerConfig, settle_memory
 from kxlb.loader.maps import Maps
 pin, path = sys.argv[1], sys.argv[2]
 
@@ -105,9 +105,8 @@ def drift_check(ctl) -> dict:
 cold, res, ctl = start()
 # VmHWM, not ru_maxrss: after exec, ru_maxrss still carries the parent's peak.
 hwm = status("VmHWM")
-gc.collect()
-steady = status("VmRSS")   # the long-lived model of every Service, as the controller keeps it
-gc.freeze()                # as the controller does after its first sync
+settle_memory(freeze=True)   # as the controller does after its first sync
+steady = status("VmRSS")     # the long-lived model of every Service, as the controller keeps it
 drift = drift_check(ctl)
 gc.unfreeze()
 del ctl
