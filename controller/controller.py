@@ -486,9 +486,12 @@ class Controller:
             return
         try:
             self.programmer.table.set_config(want)
-        except KxlbError as exc:   # only CIDRs beyond the config's own were left out
+        except KxlbError as exc:
+            # A value the maps cannot take (service CIDRs past the config's own four with no
+            # room for them, a bad setting): the services are programmed all the same, and
+            # the config is tried again next sync.
             log.error("datapath config: %s", exc)
-            self._dp_config = None   # tried again next sync
+            self._dp_config = None
             return
         self._dp_config = want
         log.info("datapath: masquerade to %s (hairpin%s%s); service CIDRs %s",
