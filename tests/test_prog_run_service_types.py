@@ -16,7 +16,8 @@ from scapy.layers.inet import fragment
 
 from harness import clean_table, ICMP, IP, TCP, UDP, Ether, assert_checksums, eth
 from kxlb.loader.errors import KxlbError
-from kxlb.loader.layout import C, Backend, ServiceKey, ip_to_raw
+from kxlb.loader.journal import range_key
+from kxlb.loader.layout import V4, C, Backend, ServiceKey, ip_to_raw
 from kxlb.loader.services import DatapathConfig, ServiceTable
 from kxlb.loader.svcspec import Frontend, Kind, LbService
 
@@ -328,6 +329,30 @@ def test_more_service_cidrs_than_the_config_holds_are_each_dropped_or_rejected(h
     assert not list(table.maps.src_ranges.keys()) and table.read_config().service_cidrs == CONFIG.service_cidrs
     verdict, _, _ = send(hook, "10.204.0.99", PORT)
     assert verdict == hook.passed
+
+
+def test_service_cidrs_without_room_in_the_range_map_keep_the_first_four_and_name_the_rest(hook, table):
+    """The source range map full (another writer's ranges): the config keeps its own four
+    CIDRs without the flag, the error names the ones left out, and nothing else changes."""
+    ranges = table.maps.src_ranges
+    filler = [range_key(V4, 999, f"10.{150 + i // 256}.{i % 256}.0/24") for i in range(ranges.max_entries)]
+    try:
+        for k in filler:
+            ranges.put(k, ctypes.c_uint8(1))
+        extra = tuple(f"10.{200 + i}.0.0/16" for i in range(5))
+        with pytest.raises(KxlbError, match=r"10\.204\.0\.0/16"):
+            table.set_config(replace(CONFIG, service_cidrs=CONFIG.service_cidrs + extra))
+        cfg = table.maps.config.get(ctypes.c_uint32(0))
+        assert not cfg.flags & C["CFG_F_SVC_CIDR_MAP"]
+        assert table.read_config().service_cidrs == CONFIG.service_cidrs + extra[:3]
+        assert not any(k.svc_id == 0 for k in ranges.keys())
+        assert_dropped(hook, "10.202.0.99", PORT)                 # the fourth: in the config itself
+        verdict, _, _ = send(hook, "10.204.0.99", PORT)         # the sixth: not known, so not ours
+        assert verdict == hook.passed
+    finally:
+        for k in filler:
+            ranges.delete(k)
+        table.set_config(CONFIG)
 
 
 # --- loadBalancerSourceRanges ------------------------------------------------------------------
