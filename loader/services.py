@@ -982,7 +982,8 @@ class ServiceTable:
         for fam in FAMILIES:
             config = fam.map(self.maps, "config")
             have = self._svc_cidr_entries(fam)
-            want = cfg.cidrs_of(fam) if len(cfg.cidrs_of(fam)) > MAX_SVC_CIDRS else ()
+            mine = cfg.cidrs_of(fam)
+            want = mine if len(mine) > MAX_SVC_CIDRS else ()
             try:
                 self._check_ranges(fam, len(set(want) - set(have)))
                 self._put_ranges(fam, SVC_CIDR_ID, [c for c in want if c not in have])
