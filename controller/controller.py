@@ -81,7 +81,7 @@ def settle_memory(freeze: bool = False) -> None:
     ``freeze`` keep the collector off the caches just built (they are long-lived), and give
     the heap's free pages back to the kernel. glibc keeps memory that was freed for reuse,
     so the first sync's transient peak (lists decoded, specs compared, batches packed)
-    would otherwise stay in the RSS for the life of the process (18 MB at 30,000 Services
+    would otherwise stay in the RSS for the life of the process (19 MB at 30,000 Services
     in bench/controller.py); malloc_trim(0) releases it. Not glibc: nothing to trim."""
     gc.collect()
     if freeze:
