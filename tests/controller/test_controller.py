@@ -10,13 +10,13 @@ import time
 import pytest
 
 from conftest import (BACKEND_PORT, DRAINING, READY, backend_ips, http_get, make_service, put_slice, wait_maps)
-from kxlb.lab.client import tcp_request, udp_connect, udp_request
+from kxlb.lab.client import backends_answering, tcp_request, udp_connect, udp_request
 from kxlb.loader.layout import Backend, ServiceKey
 from kxlb.loader.maps import Maps
 from kxlb.loader.services import ServiceTable
 
 
-def names_over(lab, ip, port, n=24):
+def names_over(lab, ip, port, n):
     return {tcp_request(lab.client, ip, port)[0].split()[0] for _ in range(n)}
 
 
@@ -26,7 +26,7 @@ def test_services_and_slices_become_maps_and_traffic(api, ns, lab, controller):
     ip = svc["spec"]["clusterIP"]
     want = sorted(f"{b}:{BACKEND_PORT}" for b in backend_ips(lab))
     wait_maps(lab, lambda m: m.get(f"{ip}:80/tcp") == want and m.get(f"{ip}:53/udp") == want)
-    assert names_over(lab, ip, 80) == {"be0", "be1", "be2"}
+    assert backends_answering(lab.client, ip, 80, {"be0", "be1", "be2"}) == {"be0", "be1", "be2"}
     reply, src = udp_request(lab.client, ip, 53, "q")
     assert src == (ip, 53) and reply.split()[0] in {"be0", "be1", "be2"}
 
