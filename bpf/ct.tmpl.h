@@ -368,39 +368,10 @@ static __always_inline struct KX_(ct_flow) *KX_(ct_add_way)(struct KX_(ct_entry)
 	return NULL;
 }
 
-/* Track a new flow of the packet's client socket to backend `be`, masqueraded to
- * masq_addr (zero: not). Its source port is the client's own, unless it is masqueraded
- * (the node's own sockets may hold the client's port) or its replies could not be told
- * from another flow's (the same backend on the client's own port): then one of
- * masq_map. The record is inserted with BPF_NOEXIST, no lookup before a first flow; the
- * loser of a two-CPU race for it re-reads it, and a flow another CPU created meanwhile is
- * taken as it is. `rec`: the socket's record as the caller looked it up (NULL: none).
- * `scratch` is the caller's buffer for a new record; `out` gets the flow
- * (to plan the packet's rewrite from). Returns 0, -1 (conntrack full: every way of the
- * socket's record live) or -2 (no masquerade port free). */
-static __always_inline int KX_(ct_create)(const struct KX_(pkt) *p, struct KX_(ct_entry) *rec,
-					  const struct KX_(backend) *be, __u32 svc_id, kx_addr_t masq_addr,
-					  const struct KX_(lb_config) *cfg, __u32 now, struct KX_(ct_entry) *scratch,
-					  struct KX_(ct_flow) *out)
+/* A new flow of the packet's client socket, from its first packet. */
+static __always_inline void KX_(ct_fill)(struct KX_(ct_flow) *out, const struct KX_(pkt) *p,
+					 const struct KX_(backend) *be, __u32 svc_id, __u64 flags, __u32 now)
 {
-	struct KX_(ct_key) k = {.addr = p->saddr, .port = p->sport, .proto = p->proto};
-	struct KX_(ct_flow) *f;
-	__u64 flags = KXLB_CT_F_USED | KX_(ct_flags_of)(p, KXLB_CT_DIR_FWD, 0);
-	__u32 port = 0;
-
-	if (rec) {
-		f = KX_(ct_way_to_front)(rec, p->daddr, p->dport, p->proto, now);
-		if (f && !KX_(ct_reopens)(f, p)) {
-			*out = *f;   /* created by another CPU meanwhile (or a retransmitted first packet) */
-			return 0;
-		}
-	}
-	if (!KX_ZERO(masq_addr)) {
-		flags |= KXLB_CT_F_SNAT;
-	} else if (rec && KX_(ct_backend_in_use)(rec, be->addr, be->port, p->proto, now)) {
-		flags |= KXLB_CT_F_REMAP;
-		stat_inc(KXLB_ST_CT_REMAP);
-	}
 	__builtin_memset(out, 0, sizeof(*out));
 	out->claim = KX_(ct_claim)(p->daddr, p->dport, flags);
 	out->front_addr = p->daddr;
@@ -409,6 +380,63 @@ static __always_inline int KX_(ct_create)(const struct KX_(pkt) *p, struct KX_(c
 	out->src_port = p->sport;
 	out->last = now;
 	out->svc_id = svc_id;
+}
+
+/* A new record's value is built here, not on the stack (the IPv4 journey's stack is at
+ * its 512-byte limit without it): per CPU, and only its first way is ever written, so
+ * the others stay zero (free ways) without being cleared for every new flow. */
+BPF_PERCPU_ARRAY(KX_(ct_new_record), struct KX_(ct_entry), 1);
+
+/* Insert socket k's record holding flow f alone (BPF_NOEXIST). 0, or -1 when the socket
+ * has a record already. */
+static __always_inline int KX_(ct_insert)(const struct KX_(ct_key) *k, const struct KX_(ct_flow) *f)
+{
+	__u32 zero = 0;
+	struct KX_(ct_entry) *r = KX_(ct_new_record).lookup(&zero);
+
+	if (!r)
+		return -1;
+	r->flow[0] = *f;
+	return KX_(ct_map).insert(k, r) == 0 ? 0 : -1;
+}
+
+/* The first flow of a socket with no record as far as the caller knows (none found, or
+ * none read: a TCP SYN, see lb_process), not masqueraded: one insert with BPF_NOEXIST
+ * makes the record. Returns 0, or -1 when the socket has a record after all (another
+ * CPU's, a retransmitted SYN's, another flow's): the caller reads it and goes on as if
+ * it had read it first. */
+static __always_inline int KX_(ct_insert_first)(const struct KX_(pkt) *p, const struct KX_(ct_key) *k,
+						const struct KX_(backend) *be, __u32 svc_id, __u32 now,
+						struct KX_(ct_flow) *out)
+{
+	KX_(ct_fill)(out, p, be, svc_id, KXLB_CT_F_USED | KX_(ct_flags_of)(p, KXLB_CT_DIR_FWD, 0), now);
+	return KX_(ct_insert)(k, out);
+}
+
+/* Track a new flow of the packet's client socket `k` to backend `be`, masqueraded to
+ * masq_addr (zero: not), where the socket's record `rec` (NULL: none) holds no live flow
+ * of this frontend (the caller looked). Its source port is the client's own, unless it
+ * is masqueraded (the node's own sockets may hold the client's port) or its replies
+ * could not be told from another flow's (the same backend on the client's own port):
+ * then one of masq_map. A record is inserted with BPF_NOEXIST; the loser of a two-CPU
+ * race for it re-reads it. `out` gets the flow (to plan the packet's rewrite from).
+ * Returns 0, -1 (conntrack full: every way of the socket's record live) or -2 (no
+ * masquerade port free). */
+static __always_inline int KX_(ct_create)(const struct KX_(pkt) *p, const struct KX_(ct_key) *k,
+					  struct KX_(ct_entry) *rec, const struct KX_(backend) *be, __u32 svc_id,
+					  kx_addr_t masq_addr, const struct KX_(lb_config) *cfg, __u32 now,
+					  struct KX_(ct_flow) *out)
+{
+	__u64 flags = KXLB_CT_F_USED | KX_(ct_flags_of)(p, KXLB_CT_DIR_FWD, 0);
+	__u32 port = 0;
+
+	if (!KX_ZERO(masq_addr)) {
+		flags |= KXLB_CT_F_SNAT;
+	} else if (rec && KX_(ct_backend_in_use)(rec, be->addr, be->port, p->proto, now)) {
+		flags |= KXLB_CT_F_REMAP;
+		stat_inc(KXLB_ST_CT_REMAP);
+	}
+	KX_(ct_fill)(out, p, be, svc_id, flags, now);
 	if (flags & (KXLB_CT_F_SNAT | KXLB_CT_F_REMAP)) {
 		port = KX_(masq_take)(be->addr, be->port, p->proto, p->saddr, p->sport, cfg, now);
 		if (!port)
@@ -416,11 +444,9 @@ static __always_inline int KX_(ct_create)(const struct KX_(pkt) *p, struct KX_(c
 		out->src_port = bpf_htons(port);
 	}
 	if (!rec) {
-		__builtin_memset(scratch, 0, sizeof(*scratch));
-		scratch->flow[0] = *out;
-		if (KX_(ct_map).insert(&k, scratch) == 0)
+		if (KX_(ct_insert)(k, out) == 0)
 			return 0;
-		rec = KX_(ct_map).lookup(&k);  /* another CPU inserted the record first */
+		rec = KX_(ct_map).lookup(k);  /* another CPU inserted the record first */
 	}
 	if (rec && KX_(ct_add_way)(rec, out, p->proto, now))
 		return 0;

@@ -190,7 +190,6 @@ struct KX_(lb_scratch) {
 	struct KX_(nat_plan) n;
 	struct KX_(reject_info) ri;
 	struct KX_(ct_flow) flow;
-	struct KX_(ct_entry) rec;
 };
 
 /* The hooks declare KX_SCRATCH_ON_STACK_DECL and take their scratch from here: the
@@ -290,17 +289,21 @@ static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len
 	now = ct_now();
 
 	/* 1. A client packet of a tracked flow: the record of its source socket, the way of
-	 * its frontend. Its backend is decided already. */
+	 * its frontend. Its backend is decided already. A pure SYN to a frontend address is
+	 * most likely its socket's first packet: its record is read only when step 3 needs
+	 * it (syn_first), which spares most new flows a lookup that misses. */
 	client.addr = p->saddr;
 	client.port = p->sport;
 	client.proto = p->proto;
 	client.pad = 0;
 	cfg = KX_(lb_config_get)();
-	rec = may & (MAY_TO_FRONT | MAY_TO_BACKEND) ? KX_(ct_map).lookup(&client) : NULL;
+	int syn_first = p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_SYN_ | TCP_ACK_)) == TCP_SYN_ &&
+			may & MAY_TO_FRONT;
+	rec = may & (MAY_TO_FRONT | MAY_TO_BACKEND) && !syn_first ? KX_(ct_map).lookup(&client) : NULL;
 	if (rec && may & MAY_TO_FRONT) {
 		f = KX_(ct_way_to_front)(rec, p->daddr, p->dport, p->proto, now);
 		if (f && !KX_(ct_reopens)(f, p))
-			return KX_(ct_translate)(KXLB_CT_DIR_FWD, f, &client, cfg, p, now, n);
+			goto tracked;
 	}
 
 	/* 2. A reply to a masquerade port: before the frontends, so a reply is never taken
@@ -314,6 +317,7 @@ static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len
 
 	/* 3. New flow to a service frontend. */
 	struct KX_(svc_key) sk = {.vip = p->daddr, .port = p->dport, .proto = p->proto};
+	int dec = LB_DEC_DROP;
 	svp = may & MAY_TO_FRONT ? KX_(svc_map).lookup(&sk) : NULL;
 	if (svp) {
 		struct svc_value sv = *svp; /* one snapshot: sizes and gen together */
@@ -323,25 +327,43 @@ static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len
 					  .hash = hash};
 		struct KX_(lb_choice) c = {};
 
-		switch (KX_(lb_decide)(&sk, &sv, &lf, cfg, &c)) {
-		case LB_DEC_BACKEND:
-			break;
-		case LB_DEC_REJECT:
-			return KX_(reject_or_drop)(data, data_end, p, ri);
-		default:
-			return LB_DROP;
+		dec = KX_(lb_decide)(&sk, &sv, &lf, cfg, &c);
+		if (dec == LB_DEC_BACKEND) {
+			int err = -1;
+
+			if (syn_first && !KX_ZERO(c.snat))  /* its port is taken before the insert */
+				rec = KX_(ct_map).lookup(&client);
+			if (!rec && KX_ZERO(c.snat)) {
+				err = KX_(ct_insert_first)(p, &client, &c.be, sv.svc_id, now, &s->flow);
+				if (err < 0)
+					rec = KX_(ct_map).lookup(&client);
+			}
+			if (err < 0 && rec) {  /* a retransmitted first packet, or another CPU's */
+				f = KX_(ct_way_to_front)(rec, p->daddr, p->dport, p->proto, now);
+				if (f && !KX_(ct_reopens)(f, p))
+					goto tracked;
+			}
+			if (err < 0)
+				err = KX_(ct_create)(p, &client, rec, &c.be, sv.svc_id, c.snat, cfg, now, &s->flow);
+			if (err < 0) {
+				stat_inc(err == -2 ? KXLB_ST_SNAT_NO_PORT : KXLB_ST_CT_FULL);
+				return LB_DROP;
+			}
+			KX_(ct_plan)(KXLB_CT_DIR_FWD, &s->flow, &client, cfg, p, n); /* as the flow just made says */
+			svc_account(sv.svc_id, KXLB_CT_DIR_FWD, len, 1);
+			stat_inc(KX_ZERO(c.snat) ? KXLB_ST_NEW_FLOW : KXLB_ST_SNAT);
+			KX_(frag_remember)(p, n);
+			return LB_NAT;
 		}
-		int err = KX_(ct_create)(p, rec, &c.be, sv.svc_id, c.snat, cfg, now, &s->rec, &s->flow);
-		if (err < 0) {
-			stat_inc(err == -2 ? KXLB_ST_SNAT_NO_PORT : KXLB_ST_CT_FULL);
-			return LB_DROP;
-		}
-		KX_(ct_plan)(KXLB_CT_DIR_FWD, &s->flow, &client, cfg, p, n); /* as the flow just made says */
-		svc_account(sv.svc_id, KXLB_CT_DIR_FWD, len, 1);
-		stat_inc(KX_ZERO(c.snat) ? KXLB_ST_NEW_FLOW : KXLB_ST_SNAT);
-		KX_(frag_remember)(p, n);
-		return LB_NAT;
 	}
+	if (syn_first) {   /* the record step 1 did not read: a tracked flow outlives its service */
+		rec = KX_(ct_map).lookup(&client);
+		f = rec ? KX_(ct_way_to_front)(rec, p->daddr, p->dport, p->proto, now) : NULL;
+		if (f && !KX_(ct_reopens)(f, p))
+			goto tracked;
+	}
+	if (svp)
+		return dec == LB_DEC_REJECT ? KX_(reject_or_drop)(data, data_end, p, ri) : LB_DROP;
 
 	/* 4. A reply to a client's own socket: the record of the packet's destination, the
 	 * way of its backend. */
@@ -360,10 +382,13 @@ static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len
 	if (rec && may & MAY_TO_BACKEND) {
 		f = KX_(ct_direct)(p, rec, cfg, now);
 		if (f)
-			return KX_(ct_translate)(KXLB_CT_DIR_FWD, f, &client, cfg, p, now, n);
+			goto tracked;
 	}
 
 	return KX_(not_a_service)(data, data_end, p, ri);
+
+tracked:   /* a forward packet of flow f */
+	return KX_(ct_translate)(KXLB_CT_DIR_FWD, f, &client, cfg, p, now, n);
 }
 
 /* The hooks of one family, inlined into kxlb.c's programs: IPv4's into the entry

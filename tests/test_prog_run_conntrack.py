@@ -131,6 +131,68 @@ def test_one_client_port_to_two_vips_sharing_a_backend(hook: Hook, table):
     assert four(hook.run(udp(CLIENT, 40010, VIP1, PORT))[1]) == a
 
 
+# --- a SYN reads its socket's record only when it has one ----------------------------------
+# A pure SYN to a frontend is most likely its socket's first packet: it is decided and its
+# record inserted first (BPF_NOEXIST), and the record is read only when the insert finds
+# one. Each case below is one where it does, or where no new flow is made.
+
+def test_a_retransmitted_syn_keeps_its_flow_after_the_backends_changed(hook: Hook, table):
+    key = ServiceKey(VIP1, 80, 6)
+    table.add(key, [Backend(BACKEND.addr, 8080)])
+    new_flows = counter(table, "new_flow")
+    assert four(hook.run(tcp(CLIENT, 40100, VIP1, 80))[1], TCP)[2:] == (BACKEND.addr, 8080)
+    table.set_backends(key, [Backend(b.addr, 8080) for b in OTHERS])   # a new SYN would go elsewhere
+    tracked = counter(table, "ct_fwd")
+    assert four(hook.run(tcp(CLIENT, 40100, VIP1, 80))[1], TCP)[2:] == (BACKEND.addr, 8080)
+    assert counter(table, "new_flow") == new_flows + 1 and counter(table, "ct_fwd") == tracked + 1
+    assert len(flows_of(table.maps, CLIENT, 40100, 6)) == 1
+
+
+@pytest.mark.parametrize("then", ["service deleted", "no endpoints left"])
+def test_a_retransmitted_syn_of_a_tracked_flow_outlives_its_service(hook: Hook, table, then):
+    """As Linux conntrack under kube-proxy: a tracked flow keeps its backend when the
+    service goes or loses every endpoint (which would reject or drop a new SYN)."""
+    key = ServiceKey(VIP1, 80, 6)
+    table.add(key, [Backend(BACKEND.addr, 8080)])
+    hook.run(tcp(CLIENT, 40101, VIP1, 80))
+    if then == "service deleted":
+        table.delete(key)
+    else:
+        table.set_backends(key, [])
+    verdict, out = hook.run(tcp(CLIENT, 40101, VIP1, 80))
+    assert four(out, TCP) == (CLIENT, 40101, BACKEND.addr, 8080)
+    verdict, out = hook.run(tcp(CLIENT, 40102, VIP1, 80))    # a new socket has no flow to keep
+    assert Ether(out)[IP].dst != BACKEND.addr and not flows_of(table.maps, CLIENT, 40102, 6)
+
+
+def test_a_syn_to_a_second_vip_sharing_the_backend_is_remapped(hook: Hook, table):
+    """One TCP port towards two VIPs at once (Linux shares an ephemeral port among distinct
+    destinations): the second SYN's insert finds the socket's record, and its flow is
+    remapped as a UDP socket's would be."""
+    table.add(ServiceKey(VIP1, 80, 6), [Backend(BACKEND.addr, 8080)])
+    table.add(ServiceKey(VIP2, 80, 6), [Backend(BACKEND.addr, 8080)])
+    a = four(hook.run(tcp(CLIENT, 40103, VIP1, 80))[1], TCP)
+    b = four(hook.run(tcp(CLIENT, 40103, VIP2, 80))[1], TCP)
+    assert a == (CLIENT, 40103, BACKEND.addr, 8080)
+    assert b[0] == CLIENT and b[1] != 40103 and b[2:] == (BACKEND.addr, 8080)
+    assert four(hook.run(tcp(BACKEND.addr, 8080, CLIENT, b[1], "SA"))[1], TCP) == (VIP2, 80, CLIENT, 40103)
+    assert four(hook.run(tcp(BACKEND.addr, 8080, CLIENT, 40103, "SA"))[1], TCP) == (VIP1, 80, CLIENT, 40103)
+
+
+def test_a_syn_on_a_closed_flows_ports_opens_a_new_flow(hook: Hook, table):
+    """The SYN of a new connection on a closing flow's ports takes the service's backends
+    as they are now, in the record's way of the old flow."""
+    key = ServiceKey(VIP1, 80, 6)
+    table.add(key, [Backend(BACKEND.addr, 8080)])
+    hook.run(tcp(CLIENT, 40104, VIP1, 80))
+    hook.run(tcp(BACKEND.addr, 8080, CLIENT, 40104, "SA"))
+    hook.run(tcp(CLIENT, 40104, VIP1, 80, "FA"))
+    hook.run(tcp(BACKEND.addr, 8080, CLIENT, 40104, "FA"))
+    table.set_backends(key, [Backend(OTHERS[0].addr, 8080)])
+    assert four(hook.run(tcp(CLIENT, 40104, VIP1, 80))[1], TCP)[2:] == (OTHERS[0].addr, 8080)
+    assert [f.backend for f in flows_of(table.maps, CLIENT, 40104, 6)] == [Backend(OTHERS[0].addr, 8080)]
+
+
 @pytest.mark.parametrize("proto", [17, 6])
 def test_direct_traffic_after_a_vip_query_keeps_both_answers(hook: Hook, table, proto):
     """A socket asks a VIP, then its backend directly, from the same port, the VIP's
