@@ -182,7 +182,7 @@ static __always_inline __u32 KX_(masq_path_mtu)(void *ctx, void *data, void *dat
 }
 
 /* What one packet's journey works in: the parsed packet, the plan, the reject's saved
- * headers, a new flow (and the record it may need). IPv4 keeps it on the stack; IPv6's
+ * headers, a new flow (its record, when it needs one, is built in ct_new_record). IPv4 keeps it on the stack; IPv6's
  * is too big for the 512-byte stack beside the rest and lives in a per-CPU map (one
  * lookup per packet). */
 struct KX_(lb_scratch) {
