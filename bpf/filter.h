@@ -27,36 +27,30 @@ static __always_inline int filter_word_has(__u64 *word, __u32 bit)
 	return word && ((*word >> (bit & 63)) & 1);
 }
 
-/* Which of the journey's steps a packet may need: MAY_* bits. One key on the stack for
- * the three reads (the IPv4 journey's stack is within bytes of the verifier's 512). */
-static __always_inline __u8 filter_may(__u32 dst, __be16 dport, __u32 src, __be16 sport)
+/* May this (address, port) be a backend's? Replies come from one, and a client's direct
+ * traffic to a flow's backend goes to one. tc egress asks it alone of a packet the node
+ * sends: a host-network backend's reply, from whichever local address the flow was sent
+ * to. */
+static __always_inline int filter_backend_has(__u32 folded, __be16 port)
 {
-	__u32 bit, key;
-	__u8 may = 0;
-
-	bit = filter_bit(dst, 0, KXLB_FRONT_FILTER_LOG);
-	key = bit >> 6;
-	if (filter_word_has(front_filter.lookup(&key), bit))
-		may |= MAY_TO_FRONT;
-	bit = filter_bit(src, sport, KXLB_BACKEND_FILTER_LOG);
-	key = bit >> 6;
-	if (filter_word_has(backend_filter.lookup(&key), bit))
-		may |= MAY_FROM_BACKEND;
-	bit = filter_bit(dst, dport, KXLB_BACKEND_FILTER_LOG);
-	key = bit >> 6;
-	if (filter_word_has(backend_filter.lookup(&key), bit))
-		may |= MAY_TO_BACKEND;
-	return may;
-}
-
-/* May this source (address, port) be a backend's? For tc egress, whose packets start in
- * the node's own stack: a host-network backend's reply, from whichever local address the
- * flow was sent to. */
-static __always_inline int filter_from_backend(__u32 src, __be16 sport)
-{
-	__u32 bit = filter_bit(src, sport, KXLB_BACKEND_FILTER_LOG), key = bit >> 6;
+	__u32 bit = filter_bit(folded, port, KXLB_BACKEND_FILTER_LOG), key = bit >> 6;
 
 	return filter_word_has(backend_filter.lookup(&key), bit);
+}
+
+/* Which of the journey's steps a packet may need: MAY_* bits. */
+static __always_inline __u8 filter_may(__u32 dst, __be16 dport, __u32 src, __be16 sport)
+{
+	__u32 bit = filter_bit(dst, 0, KXLB_FRONT_FILTER_LOG), key = bit >> 6;
+	__u8 may = 0;
+
+	if (filter_word_has(front_filter.lookup(&key), bit))
+		may |= MAY_TO_FRONT;
+	if (filter_backend_has(src, sport))
+		may |= MAY_FROM_BACKEND;
+	if (filter_backend_has(dst, dport))
+		may |= MAY_TO_BACKEND;
+	return may;
 }
 
 #endif

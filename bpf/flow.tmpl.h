@@ -470,7 +470,7 @@ static __always_inline int KX_(local_reply_plan)(const struct KX_(pkt) *p, struc
 	}
 	if (!kx_proto_served(p->proto))
 		return LB_PASS;
-	if (!filter_from_backend(KX_FOLD(p->saddr), p->sport))
+	if (!filter_backend_has(KX_FOLD(p->saddr), p->sport))
 		return LB_PASS;
 	now = ct_now();
 	f = KX_(ct_reply)(p->saddr, p->sport, p->daddr, p->dport, p->proto, cfg, now, &to);
