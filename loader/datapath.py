@@ -52,9 +52,11 @@ def prepare_pin_dir(pin_dir: str) -> None:
     """Create the pin directory 0700, or check an existing one: whoever can write to it
     (or owns it) can put maps of their own under our names before we adopt them, or
     swap our pins. bpffs roots are often world-writable (mode 1777), so an existing
-    directory must be root's and not group/world-writable."""
+    directory must be root's and not group/world-writable, and so must every directory
+    above it (or be sticky)."""
     require_bpffs(pin_dir)
     path = os.path.abspath(pin_dir)
+    _check_pin_dir_ancestors(path)  # before anything is made below them
     missing = []
     p = path
     while not os.path.lexists(p):
@@ -69,6 +71,7 @@ def prepare_pin_dir(pin_dir: str) -> None:
             raise KxlbError(f"cannot create pin directory {d}: {exc.strerror}") from None
         else:
             os.chmod(d, 0o700)  # whatever the umask
+    _check_pin_dir_ancestors(path)  # again: one made by someone else in the meantime
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise KxlbError(f"pin directory {path} is not a directory (a symbolic link or a pinned object)")
@@ -79,6 +82,38 @@ def prepare_pin_dir(pin_dir: str) -> None:
         raise KxlbError(f"pin directory {path} has mode {stat.S_IMODE(st.st_mode):04o} (group- or "
                         f"world-writable): anyone could replace its pins; chmod 0700 it or choose another "
                         f"--pin-dir")
+
+
+def _check_pin_dir_ancestors(path: str) -> None:
+    """Every directory above the pin directory: whoever may rename or replace one of them
+    can swap the whole pin directory for their own. Each must be root's and writable by
+    root only, or sticky (as a 1777 bpffs root is: there only an entry's owner may move it,
+    and the entry below is checked in turn). A symbolic link on the way must be root's: its
+    owner could point it elsewhere after this check."""
+    p = path
+    while os.path.dirname(p) != p:
+        p = os.path.dirname(p)
+        if not os.path.lexists(p):
+            continue  # made below, root's and 0700
+        st = os.lstat(p)
+        if stat.S_ISLNK(st.st_mode) and st.st_uid != 0:
+            raise KxlbError(f"pin directory {path}: {p} above it is a symbolic link owned by uid {st.st_uid}, "
+                            f"not root: its owner could point it elsewhere; choose another --pin-dir")
+    d = os.path.realpath(os.path.dirname(path))
+    while not os.path.exists(d):
+        d = os.path.dirname(d)
+    while True:
+        st = os.stat(d)
+        if st.st_uid != 0:
+            raise KxlbError(f"pin directory {path}: {d} above it is owned by uid {st.st_uid}, not root: its "
+                            f"owner could replace the pin directory; choose another --pin-dir")
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise KxlbError(f"pin directory {path}: {d} above it has mode {stat.S_IMODE(st.st_mode):04o} "
+                            f"(group- or world-writable, not sticky): anyone could replace the pin directory; "
+                            f"choose another --pin-dir")
+        if os.path.dirname(d) == d:
+            return
+        d = os.path.dirname(d)
 
 
 # --- 1. the plan ------------------------------------------------------------------------------

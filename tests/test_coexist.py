@@ -12,14 +12,19 @@ interfaces, tc filters, XDP programs and traffic in network namespaces:
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import socket
+import stat
 import subprocess
 import sys
 
 import pytest
 
 from kxlb.lab.client import tcp_request
-from kxlb.loader import attach
+from kxlb.lab.netlab import unique_tag
+from kxlb.loader import attach, datapath
+from kxlb.loader.errors import KxlbError
 from kxlb.loader.mapspec import build_pins
 from kxlb.loader.netns import netns
 from harness import add_tc_filter
@@ -268,6 +273,40 @@ def test_a_pin_directory_others_can_write_to_is_refused(netlab, owner, mode, mes
     one_line_error(r, f"pin directory {pin}", message)
     assert os.listdir(pin) == []  # nothing compiled, pinned or adopted there
     assert not attach.tc_attached(netlab.node, netlab.client_iface)
+
+
+@pytest.mark.parametrize("shape, message", [
+    ("parent owned by another user", "owned by uid 12345, not root"),
+    ("parent world-writable, not sticky", "mode 0777 (group- or world-writable, not sticky)"),
+    ("symbolic link owned by another user", "symbolic link owned by uid 12345"),
+])
+def test_a_pin_directory_below_one_others_can_replace_is_refused(shape, message):
+    """Whoever may rename a directory above the pin directory can swap the pin directory
+    itself for their own: each one above must be root's and not writable by others unless
+    sticky, and a symbolic link on the way root's. Nothing is made below it."""
+    top = f"/sys/fs/bpf/{unique_tag()}"
+    os.mkdir(top, 0o700)
+    try:
+        pin = f"{top}/parent/kxlb"
+        if shape == "symbolic link owned by another user":
+            os.mkdir(f"{top}/real", 0o700)
+            os.symlink(f"{top}/real", f"{top}/parent")
+            os.lchown(f"{top}/parent", 12345, 12345)
+        else:
+            os.mkdir(f"{top}/parent")
+            os.chown(f"{top}/parent", 12345 if "another user" in shape else 0, 0)
+            os.chmod(f"{top}/parent", 0o777 if "world-writable" in shape else 0o755)
+        with pytest.raises(KxlbError, match=re.escape(message)) as err:
+            datapath.prepare_pin_dir(pin)
+        assert f"pin directory {pin}" in str(err.value) and "\n" not in str(err.value)
+        assert not os.path.lexists(pin)
+        os.chown(f"{top}/parent", 0, 0, follow_symlinks=False)   # root's, 0755: accepted
+        if os.path.isdir(f"{top}/parent") and not os.path.islink(f"{top}/parent"):
+            os.chmod(f"{top}/parent", 0o1777 if "world-writable" in shape else 0o755)  # sticky: accepted
+        datapath.prepare_pin_dir(pin)
+        assert stat.S_IMODE(os.stat(pin).st_mode) == 0o700
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
 
 
 # --- XDP only where it is correct ------------------------------------------------------------
