@@ -88,6 +88,16 @@ static __always_inline struct KX_(ct_flow) *KX_(ct_way_to_front)(struct KX_(ct_e
 	return NULL;
 }
 
+/* The flow of record `rec` (NULL: none) that forward packet p belongs to: the live flow
+ * of its frontend, unless p is a SYN opening a new connection on a closing flow's ports. */
+static __always_inline struct KX_(ct_flow) *KX_(ct_forward_flow)(struct KX_(ct_entry) *rec,
+								const struct KX_(pkt) *p, __u32 now)
+{
+	struct KX_(ct_flow) *f = rec ? KX_(ct_way_to_front)(rec, p->daddr, p->dport, p->proto, now) : NULL;
+
+	return f && !KX_(ct_reopens)(f, p) ? f : NULL;
+}
+
 /* The record of client socket addr:port. */
 static __always_inline struct KX_(ct_entry) *KX_(ct_record)(kx_addr_t addr, __be16 port, __u8 proto)
 {

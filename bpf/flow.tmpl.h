@@ -182,9 +182,9 @@ static __always_inline __u32 KX_(masq_path_mtu)(void *ctx, void *data, void *dat
 }
 
 /* What one packet's journey works in: the parsed packet, the plan, the reject's saved
- * headers, a new flow (its record, when it needs one, is built in ct_new_record). IPv4 keeps it on the stack; IPv6's
- * is too big for the 512-byte stack beside the rest and lives in a per-CPU map (one
- * lookup per packet). */
+ * headers, a new flow (its record, when it needs one, is built in ct_new_record). IPv4
+ * keeps it on the stack; IPv6's is too big for the 512-byte stack beside the rest and
+ * lives in a per-CPU map (one lookup per packet). */
 struct KX_(lb_scratch) {
 	struct KX_(pkt) p;
 	struct KX_(nat_plan) n;
@@ -300,11 +300,9 @@ static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len
 	int syn_first = p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_SYN_ | TCP_ACK_)) == TCP_SYN_ &&
 			may & MAY_TO_FRONT;
 	rec = may & (MAY_TO_FRONT | MAY_TO_BACKEND) && !syn_first ? KX_(ct_map).lookup(&client) : NULL;
-	if (rec && may & MAY_TO_FRONT) {
-		f = KX_(ct_way_to_front)(rec, p->daddr, p->dport, p->proto, now);
-		if (f && !KX_(ct_reopens)(f, p))
-			goto tracked;
-	}
+	f = may & MAY_TO_FRONT ? KX_(ct_forward_flow)(rec, p, now) : NULL;
+	if (f)
+		goto tracked;
 
 	/* 2. A reply to a masquerade port: before the frontends, so a reply is never taken
 	 * for a new flow (the masquerade range holds no frontend port of a node address). */
@@ -338,11 +336,9 @@ static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len
 				if (err < 0)
 					rec = KX_(ct_map).lookup(&client);
 			}
-			if (err < 0 && rec) {  /* a retransmitted first packet, or another CPU's */
-				f = KX_(ct_way_to_front)(rec, p->daddr, p->dport, p->proto, now);
-				if (f && !KX_(ct_reopens)(f, p))
-					goto tracked;
-			}
+			f = err < 0 ? KX_(ct_forward_flow)(rec, p, now) : NULL;
+			if (f)
+				goto tracked;   /* a retransmitted first packet, or another CPU's */
 			if (err < 0)
 				err = KX_(ct_create)(p, &client, rec, &c.be, sv.svc_id, c.snat, cfg, now, &s->flow);
 			if (err < 0) {
@@ -358,8 +354,8 @@ static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len
 	}
 	if (syn_first) {   /* the record step 1 did not read: a tracked flow outlives its service */
 		rec = KX_(ct_map).lookup(&client);
-		f = rec ? KX_(ct_way_to_front)(rec, p->daddr, p->dport, p->proto, now) : NULL;
-		if (f && !KX_(ct_reopens)(f, p))
+		f = KX_(ct_forward_flow)(rec, p, now);
+		if (f)
 			goto tracked;
 	}
 	if (svp)
