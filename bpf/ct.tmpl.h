@@ -392,7 +392,7 @@ static __always_inline void KX_(ct_fill)(struct KX_(ct_flow) *out, const struct 
 	out->svc_id = svc_id;
 }
 
-/* A new record's value is built here, not on the stack (the IPv4 journey's stack is at
+/* A new record's value is built here, not on the stack (the IPv4 journey's stack was at
  * its 512-byte limit without it): per CPU, and only its first way is ever written, so
  * the others stay zero (free ways) without being cleared for every new flow. */
 BPF_PERCPU_ARRAY(KX_(ct_new_record), struct KX_(ct_entry), 1);

@@ -18,7 +18,6 @@
 #undef KX_FOLD
 #undef KX_DIFF
 #undef KX_IPPROTO_ICMP
-#undef KX_SCRATCH_ON_STACK
 #undef KX_PMTU_FLOOR
 #if KX_FAM == 4
 #define kx_addr_t __be32
@@ -29,7 +28,6 @@
 #define KX_FOLD(a) ((__u32)(a))
 #define KX_DIFF(a, b) ((a) ^ (b)) /* nonzero iff a != b, without a branch */
 #define KX_IPPROTO_ICMP IPPROTO_ICMP
-#define KX_SCRATCH_ON_STACK 1 /* flow.tmpl.h struct lb_scratch */
 #define KX_PMTU_FLOOR 576     /* a datagram every IPv4 path carries (RFC 1122 3.3.3) */
 #elif KX_FAM == 6
 #define kx_addr_t struct kx_in6
@@ -40,7 +38,6 @@
 #define KX_FOLD(a) kx6_fold(&(a))
 #define KX_DIFF(a, b) kx6_diff(&(a), &(b))
 #define KX_IPPROTO_ICMP IPPROTO_ICMPV6_
-#define KX_SCRATCH_ON_STACK 0
 #define KX_PMTU_FLOOR 1280    /* IPv6's minimum link MTU (RFC 8200 5) */
 #else
 #error "KX_FAM must be 4 or 6"

@@ -182,9 +182,15 @@ static __always_inline __u32 KX_(masq_path_mtu)(void *ctx, void *data, void *dat
 }
 
 /* What one packet's journey works in: the parsed packet, the plan, the reject's saved
- * headers, a new flow (its record, when it needs one, is built in ct_new_record). IPv4
- * keeps it on the stack; IPv6's is too big for the 512-byte stack beside the rest and
- * lives in a per-CPU map (one lookup per packet). */
+ * headers, a new flow (its record, when it needs one, is built in ct_new_record). Per
+ * CPU, in a map, not on the stack, for both families. IPv6's would not fit the 512-byte
+ * stack beside the rest. IPv4's did, but the verifier tracks what a program keeps on its
+ * stack, path by path, and not what it keeps in map memory: with the scratch on the
+ * stack, the states reaching the masquerade port search (masq_take, a loop of 56 tries
+ * walked try by try) could not be told equal, and kxlb_tc took 936,000 of the 1,000,000
+ * instructions a kernel's verifier walks before it gives up (E2BIG; Linux 6.18). In the
+ * map, 516,000: headroom for another kernel's verifier, which prunes less (docs/datapath.md,
+ * *Verifier budget*). It costs one per-CPU array lookup per packet. */
 struct KX_(lb_scratch) {
 	struct KX_(pkt) p;
 	struct KX_(nat_plan) n;
@@ -192,33 +198,22 @@ struct KX_(lb_scratch) {
 	struct KX_(ct_flow) flow;
 };
 
-/* The hooks declare KX_SCRATCH_ON_STACK_DECL and take their scratch from here: the
- * stack copy it names (IPv4), or this CPU's map entry (IPv6; NULL never happens
- * for a one-entry array, but the verifier wants the check). */
-#undef KX_SCRATCH_ON_STACK_DECL
-#undef KX_SCRATCH_ON_STACK_ARG
-#if KX_SCRATCH_ON_STACK
-#define KX_SCRATCH_ON_STACK_DECL struct KX_(lb_scratch) scratch_on_stack
-#define KX_SCRATCH_ON_STACK_ARG &scratch_on_stack
-static __always_inline struct KX_(lb_scratch) *KX_(lb_scratch_get)(struct KX_(lb_scratch) *on_stack)
-{
-	/* Zeroed as the journey's locals were: the packet and the plan (the rest is
-	 * written before it is read). */
-	__builtin_memset(&on_stack->p, 0, sizeof(on_stack->p));
-	__builtin_memset(&on_stack->n, 0, sizeof(on_stack->n));
-	return on_stack;
-}
-#else
-#define KX_SCRATCH_ON_STACK_DECL do {} while (0)
-#define KX_SCRATCH_ON_STACK_ARG
 BPF_PERCPU_ARRAY(KX_(lb_scratch_map), struct KX_(lb_scratch), 1);
 
+/* This CPU's scratch (NULL never happens for a one-entry array, but the verifier wants
+ * the check), the packet and the plan zeroed, as a journey's locals would be (the rest is
+ * written before it is read). */
 static __always_inline struct KX_(lb_scratch) *KX_(lb_scratch_get)(void)
 {
 	__u32 zero = 0;
-	return KX_(lb_scratch_map).lookup(&zero);
+	struct KX_(lb_scratch) *s = KX_(lb_scratch_map).lookup(&zero);
+
+	if (s) {
+		__builtin_memset(&s->p, 0, sizeof(s->p));
+		__builtin_memset(&s->n, 0, sizeof(s->n));
+	}
+	return s;
 }
-#endif
 
 /* A masqueraded packet too big for its path (masq_path_mtu): answered to the client
  * with the path's MTU instead of translated. One that cannot be quoted (IPv4 options)
@@ -393,8 +388,7 @@ tracked:   /* a forward packet of flow f */
 /* tc ingress, for a frame of this family (kxlb.c made its headers linear). */
 static __always_inline int KX_(lb_tc)(struct __sk_buff *skb)
 {
-	KX_SCRATCH_ON_STACK_DECL;
-	struct KX_(lb_scratch) *s = KX_(lb_scratch_get)(KX_SCRATCH_ON_STACK_ARG);
+	struct KX_(lb_scratch) *s = KX_(lb_scratch_get)();
 
 	if (!s)
 		return TC_ACT_UNSPEC;
@@ -540,8 +534,7 @@ static __always_inline int KX_(lb_xdp)(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	KX_SCRATCH_ON_STACK_DECL;
-	struct KX_(lb_scratch) *s = KX_(lb_scratch_get)(KX_SCRATCH_ON_STACK_ARG);
+	struct KX_(lb_scratch) *s = KX_(lb_scratch_get)();
 
 	if (!s)
 		return XDP_PASS;

@@ -48,6 +48,36 @@ class MapInfo(ctypes.Structure):
     ]
 
 
+class ProgInfo(ctypes.Structure):
+    """struct bpf_prog_info up to verified_insns (Linux 5.16): the instructions the
+    verifier walked to accept the program, of the 1,000,000 it walks before it refuses
+    one (E2BIG). Pointer fields stay 0: the kernel then fills none of their arrays."""
+
+    _fields_ = [
+        ("type", c_uint32), ("id", c_uint32), ("tag", ctypes.c_uint8 * 8),
+        ("jited_prog_len", c_uint32), ("xlated_prog_len", c_uint32),
+        ("jited_prog_insns", c_uint64), ("xlated_prog_insns", c_uint64), ("load_time", c_uint64),
+        ("created_by_uid", c_uint32), ("nr_map_ids", c_uint32), ("map_ids", c_uint64),
+        ("name", ctypes.c_char * 16), ("ifindex", c_uint32), ("gpl_compatible", c_uint32),
+        ("netns_dev", c_uint64), ("netns_ino", c_uint64),
+        ("nr_jited_ksyms", c_uint32), ("nr_jited_func_lens", c_uint32),
+        ("jited_ksyms", c_uint64), ("jited_func_lens", c_uint64),
+        ("btf_id", c_uint32), ("func_info_rec_size", c_uint32), ("func_info", c_uint64),
+        ("nr_func_info", c_uint32), ("nr_line_info", c_uint32),
+        ("line_info", c_uint64), ("jited_line_info", c_uint64),
+        ("nr_jited_line_info", c_uint32), ("line_info_rec_size", c_uint32),
+        ("jited_line_info_rec_size", c_uint32), ("nr_prog_tags", c_uint32), ("prog_tags", c_uint64),
+        ("run_time_ns", c_uint64), ("run_cnt", c_uint64), ("recursion_misses", c_uint64),
+        ("verified_insns", c_uint32), ("attach_btf_obj_id", c_uint32), ("attach_btf_id", c_uint32),
+        ("_pad", c_uint32),
+    ]
+
+
+VERIFIER_INSN_LIMIT = 1_000_000
+"""BPF_COMPLEXITY_LIMIT_INSNS: the instructions a kernel's verifier walks (every path it
+could not prune counts again) before it refuses a program with E2BIG."""
+
+
 @lru_cache(maxsize=1)
 def lib() -> ctypes.CDLL:
     name = ctypes.util.find_library("bpf") or "libbpf.so.1"
@@ -122,6 +152,13 @@ def map_info(fd: int) -> MapInfo:
     info = MapInfo()
     size = c_uint32(ctypes.sizeof(info))
     check(lib().bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size)), "map info")
+    return info
+
+
+def prog_info(fd: int) -> ProgInfo:
+    info = ProgInfo()
+    size = c_uint32(ctypes.sizeof(info))
+    check(lib().bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size)), "program info")
     return info
 
 
