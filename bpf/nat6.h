@@ -76,6 +76,13 @@ static __always_inline int nat_apply_tc6(struct __sk_buff *skb, const struct nat
 	__builtin_memcpy(&ip6->saddr, &n->saddr_new, 16);
 	__builtin_memcpy(&ip6->daddr, &n->daddr_new, 16);
 	if (n->l4) {
+		/* Bounded again where it is used: the compiler keeps l4_off in a stack slot
+		 * across the helper calls above, and Linux 6.1's verifier does not carry the
+		 * first check over to that copy (it refused kxlb_tc6: "invalid access to
+		 * packet"). Hidden from clang first, which would drop a check it proves. */
+		asm volatile("" : "+r"(l4_off));
+		if (l4_off > IP6_MAX_L4_OFF)
+			return -1;
 		__be16 *ports = data + l4_off;
 		if ((void *)(ports + 2) > data_end)
 			return -1;
