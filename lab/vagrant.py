@@ -54,8 +54,8 @@ BOX_NAME = "kxlb/debian12"          # vagrant/Vagrantfile's config.vm.box for li
 # The minimal Debian and what any Vagrant box has: a kernel, init, ssh for vagrant, sudo for
 # its user, rsync for the synced folder, GRUB to boot, the guest agent for the VM's address
 # (mgmt_attach off), networkd and resolved for DHCP on both NICs. The kernel is
-# bookworm-backports' 6.12 LTS, with its headers for BCC: bookworm's own 6.1 refuses kxlb's
-# tc program (E2BIG, too complex for that verifier; docs/vagrant.md).
+# bookworm-backports' 6.12 LTS, with its headers for BCC: bookworm's own 6.1 loads kxlb's
+# programs now, but the packet suites have not run on it (docs/vagrant.md).
 BOX_PACKAGES = ("linux-image-amd64/bookworm-backports", "linux-headers-amd64/bookworm-backports", "systemd-sysv", "udev", "dbus", "openssh-server", "sudo", "rsync",
                 "iproute2", "iputils-ping", "procps", "grub-pc", "initramfs-tools", "e2fsprogs", "kmod",
                 "qemu-guest-agent", "systemd-resolved", "ca-certificates", "less")
