@@ -80,6 +80,7 @@ NETNS = "tests/test_netns.py::"
 VM_TESTS = ("tests/test_prog_run.py",
             "tests/test_prog_run_sctp.py",      # SCTP's CRC update through another kernel's verifier
             "tests/test_prog_run_pmtu.py",      # another kernel's route lookup (mtu_result) for path MTU
+            "tests/test_verifier_budget.py",    # another kernel's verifier: how close to its limit
             NETNS + "test_injected_frame_arrives_rewritten_at_the_backend[tc]",
             NETNS + "test_injected_frame_arrives_rewritten_at_the_backend[xdp]",
             NETNS + "test_ipv6_tcp_and_udp_reach_every_backend_and_replies_come_from_the_vip[tc]")
