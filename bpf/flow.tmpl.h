@@ -189,7 +189,7 @@ static __always_inline __u32 KX_(masq_path_mtu)(void *ctx, void *data, void *dat
  * stack, the states reaching the masquerade port search (masq_take, a loop of 56 tries
  * walked try by try) could not be told equal, and kxlb_tc took 936,000 of the 1,000,000
  * instructions a kernel's verifier walks before it gives up (E2BIG; Linux 6.18). In the
- * map, 516,000: headroom for another kernel's verifier, which prunes less (docs/datapath.md,
+ * map, 520,000: headroom for another kernel's verifier, which prunes less (docs/datapath.md,
  * *Verifier budget*). It costs one per-CPU array lookup per packet. */
 struct KX_(lb_scratch) {
 	struct KX_(pkt) p;

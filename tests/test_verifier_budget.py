@@ -19,9 +19,14 @@ PROGRAMS = ("kxlb_tc", "kxlb_xdp", "kxlb_tc6", "kxlb_xdp6", "kxlb_tc_egress")
 
 def test_each_program_verifies_within_three_quarters_of_the_limit(dp):
     datapath, _ = dp
-    walked = {name: bpfsys.prog_info(datapath.bpf.funcs[name.encode()].fd).verified_insns for name in PROGRAMS}
+    infos = {name: bpfsys.prog_info(datapath.bpf.funcs[name.encode()].fd) for name in PROGRAMS}
+    walked = {name: info.verified_insns for name, info in infos.items()}
     print("instructions the verifier walked:", walked)
     assert all(n > 0 for n in walked.values()), f"this kernel reports no verifier counts (Linux >= 5.16): {walked}"
+    # The verifier walks each instruction the program kept at least once: a ProgInfo
+    # mirror that read the wrong field would not hold to this.
+    kept = {name: info.xlated_prog_len // 8 for name, info in infos.items()}
+    assert all(0 < kept[name] <= walked[name] for name in PROGRAMS), (kept, walked)
     limit = int(BUDGET * bpfsys.VERIFIER_INSN_LIMIT)
     over = {name: n for name, n in walked.items() if n > limit}
     assert not over, (f"programs the verifier walked more than {limit:,} instructions of for "
