@@ -514,7 +514,8 @@ def primitives(ref: Reference, calls: int) -> dict[str, float]:
     return {name: time_frames(ref.fd(fn), bufs).median - base
             for name, fn in (("helper call (clock)", b"prim_clock"), ("coarse clock", b"prim_coarse"),
                              ("hash lookup + helper", b"prim_lookup"), ("LRU lookup, miss", b"prim_lru_miss"),
-                             ("hash insert, new key", b"prim_insert"), ("LRU insert, new key", b"prim_lru_insert"))}
+                             ("hash insert, new key", b"prim_insert"), ("LRU insert, new key", b"prim_lru_insert"),
+                             ("8 x 64-bit modulo", b"prim_mod8"), ("8 x multiply and shift", b"prim_range8"))}
 
 
 # --- main ------------------------------------------------------------------------------------

@@ -54,3 +54,26 @@ int prim_lru_insert(struct xdp_md *ctx)
 	ref_lru.update(&k, &v);
 	return XDP_PASS;
 }
+
+/* What the datapath's new-flow arithmetic cost before and after it stopped dividing
+ * (bpf/hash.h kx_range): 8 dependent steps each, from values clang cannot know (a table
+ * size below 2^16, a 32-bit hash). BPF's
+ * divide (a modulo here, as `hash % M` was), 64 bits wide as clang emits it... */
+int prim_mod8(struct xdp_md *ctx)
+{
+	u64 m = (bpf_get_prandom_u32() & 0xffff) | 1, h = bpf_get_prandom_u32();
+#pragma unroll
+	for (int i = 0; i < 8; i++)
+		h = (h % m + (h << 5)) & 0xffffffff;
+	return h == 1 ? XDP_DROP : XDP_PASS;
+}
+
+/* ... and the multiply and shift that replaced it. */
+int prim_range8(struct xdp_md *ctx)
+{
+	u64 m = (bpf_get_prandom_u32() & 0xffff) | 1, h = bpf_get_prandom_u32();
+#pragma unroll
+	for (int i = 0; i < 8; i++)
+		h = (((h * m) >> 32) + (h << 5)) & 0xffffffff;
+	return h == 1 ? XDP_DROP : XDP_PASS;
+}

@@ -298,7 +298,7 @@ static __always_inline __u32 KX_(masq_take)(kx_addr_t peer, __be16 pport, __u8 p
 		/* Each try an independent random port: a probe sequence shared by every flow
 		 * (a fixed stride) clusters taken ports, and a nearly full range then fails
 		 * with ports free; independent tries fail with probability fill^tries. */
-		__u32 port = lo + bpf_get_prandom_u32() % span;
+		__u32 port = lo + kx_range(bpf_get_prandom_u32(), span);
 		int reclaim = i >= free_tries;
 		struct KX_(masq_entry) *e = KX_(masq_map).lookup(&port);
 

@@ -4,6 +4,7 @@
 #ifndef KXLB_LB_H
 #define KXLB_LB_H
 #include "maps.h"
+#include "hash.h"
 
 static __always_inline void stat_inc(__u32 idx)
 {
@@ -65,10 +66,24 @@ static __always_inline __u8 lb_set_for(const struct svc_value *sv, __u8 origin)
 	return KXLB_SET_CLUSTER;
 }
 
-/* The slot of `hash` in one backend set of one generation: entry hash % M of the set's
- * Maglev table (loader/maglev.py), M = `m`. A set of one backend has no table (m 0).
- * -1: the table is gone (user space deleted this generation after a flip) or does not
- * name a slot of this set. */
+/* Entry x of a Maglev table lives in chunk x / KXLB_MAGLEV_CHUNK (struct maglev_key):
+ * that quotient as a multiply by the rounded-up reciprocal and a shift (hash.h kx_range:
+ * no division), exact for every x below 2^16 (a table's size is a __u16): the reciprocal's
+ * excess, times 2^16, stays under 2^KX_CHUNK_SHIFT. */
+#define KX_CHUNK_SHIFT 24
+#define KX_CHUNK_RECIP ((1u << KX_CHUNK_SHIFT) / KXLB_MAGLEV_CHUNK + 1)
+_Static_assert(((__u64)KX_CHUNK_RECIP * KXLB_MAGLEV_CHUNK - (1u << KX_CHUNK_SHIFT)) << 16 <= (1u << KX_CHUNK_SHIFT),
+	       "KX_CHUNK_RECIP is not exact for every Maglev entry");
+
+static __always_inline __u32 lb_maglev_chunk(__u32 x)
+{
+	return (__u32)(((__u64)x * KX_CHUNK_RECIP) >> KX_CHUNK_SHIFT);
+}
+
+/* The slot of `hash` in one backend set of one generation: entry kx_range(hash, M) of the
+ * set's Maglev table (loader/maglev.py table_index), M = `m`. A set of one backend has no
+ * table (m 0). -1: the table is gone (user space deleted this generation after a flip) or
+ * does not name a slot of this set. */
 static __always_inline int lb_table_slot(__u32 svc_id, __u8 gen, __u8 set, __u16 n, __u16 m,
 					 __u32 hash)
 {
@@ -76,13 +91,14 @@ static __always_inline int lb_table_slot(__u32 svc_id, __u8 gen, __u8 set, __u16
 		return 0;
 	if (n == 0 || m == 0)
 		return -1;
-	__u32 idx = hash % m;
-	struct maglev_key mk = {.svc_id = svc_id, .chunk = idx / KXLB_MAGLEV_CHUNK, .gen = gen, .set = set};
+	__u32 idx = kx_range(hash, m);
+	__u32 chunk = lb_maglev_chunk(idx);
+	struct maglev_key mk = {.svc_id = svc_id, .chunk = chunk, .gen = gen, .set = set};
 	struct maglev_chunk *t = maglev_map.lookup(&mk);
-	__u32 off = idx % KXLB_MAGLEV_CHUNK;
+	__u32 off = idx - chunk * KXLB_MAGLEV_CHUNK;
 
-	/* The verifier cannot bound a modulo; clang would drop a check it proves redundant,
-	 * so hide off from it first. */
+	/* The verifier cannot bound off from the arithmetic above; clang would drop a check it
+	 * proves redundant, so hide off from it first. */
 	asm volatile("" : "+r"(off));
 	if (!t || off >= KXLB_MAGLEV_CHUNK)
 		return -1;

@@ -25,7 +25,8 @@ static __always_inline int KX_(sock_rev_taken)(__u64 cookie, const struct KX_(ba
 	return (KX_DIFF(rv->vip, sk->vip) | (__u32)(rv->port ^ sk->port)) != 0;
 }
 
-/* One candidate of sock_pick_unshared(): slot (hash + i) % n. 1: chosen (its backend
+/* One candidate of sock_pick_unshared(): the i-th slot on from kx_range(hash, n),
+ * wrapping (no division: hash.h). 1: chosen (its backend
  * was free for this VIP), -1: stop looking, 0: try the next. A missing slot means user
  * space is replacing the set right now: the search stops there, keeping lb_decide()'s
  * choice. */
@@ -36,7 +37,8 @@ static __always_inline int KX_(sock_try_slot)(__u64 cookie, const struct KX_(svc
 
 	if (i >= n)
 		return -1;
-	bk->slot = (hash + i) % n;
+	__u32 slot = kx_range(hash, n) + i;
+	bk->slot = slot >= n ? slot - n : slot;
 	alt = KX_(backend_map).lookup(bk);
 	if (!alt)
 		return -1;

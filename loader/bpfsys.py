@@ -162,6 +162,19 @@ def prog_info(fd: int) -> ProgInfo:
     return info
 
 
+def prog_instructions(fd: int) -> bytes:
+    """The program's instructions as the kernel holds them after verification (8 bytes
+    each; a 64-bit immediate load takes two), as `bpftool prog dump xlated` reads them."""
+    n = prog_info(fd).xlated_prog_len
+    buf = ctypes.create_string_buffer(n)
+    info = ProgInfo(xlated_prog_len=n, xlated_prog_insns=ctypes.addressof(buf))
+    size = c_uint32(ctypes.sizeof(info))
+    check(lib().bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size)), "program instructions")
+    if n and not info.xlated_prog_insns:
+        raise OSError(errno.EPERM, "the kernel does not show this program's instructions (kernel.kptr_restrict)")
+    return buf.raw[:min(n, info.xlated_prog_len)]
+
+
 @lru_cache(maxsize=1)
 def possible_cpus() -> int:
     """Number of possible CPUs: the stride of per-CPU map values."""

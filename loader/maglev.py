@@ -1,6 +1,6 @@
 """Maglev lookup tables for backend choice (Eisenbud et al., "Maglev: A Fast and Reliable
 Software Network Load Balancer", NSDI 2016, section 3.4), as the datapath reads them
-(bpf/lb.h lb_slot(): table[flow hash % M] -> slot -> backend).
+(bpf/lb.h lb_table_slot(): table[table_index(flow hash, M)] -> slot -> backend).
 
 Why Maglev: with ``hash % N`` a change from N to N+1 backends moves N/(N+1) of the hash
 space (75% for 3 -> 4), so every flow without conntrack state (a node restart, an LRU
@@ -39,6 +39,13 @@ MAX_TABLE = C["MAGLEV_MAX_TABLE"]       # svc_value.table_size is a u16
 DEFAULT_TABLE_SIZE = 16381             # the largest table by default (Cilium's default M)
 TABLE_LADDER = (251, 1021)             # small tables for small sets; above them, the maximum
 TABLE_FACTOR = 16                      # a set of N backends gets M >= 16 N (up to the maximum)
+
+
+def table_index(flow_hash: int, m: int) -> int:
+    """The entry of a table of ``m`` entries that a flow with this 32-bit hash reads:
+    bpf/hash.h kx_range(), the hash scaled onto 0..m-1 by a multiply and a shift (the
+    datapath divides nowhere), so every entry is read by an equal share of flows."""
+    return (flow_hash * m) >> 32
 
 
 def is_prime(n: int) -> bool:

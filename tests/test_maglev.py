@@ -205,9 +205,10 @@ def flow_hash(client: str, sport: int) -> int:
     return c
 
 
-def test_the_datapath_picks_table_entry_hash_mod_m(hook, table):
-    """Every new flow goes to the backend of entry flow_hash % M of the Python table: the
-    datapath reads the same table, chunked, in the same byte order."""
+def test_the_datapath_picks_the_table_entry_of_the_flow_hash(hook, table):
+    """Every new flow goes to the backend of entry table_index(flow_hash, M) of the Python
+    table: the datapath reads the same table, chunked, in the same byte order, and finds
+    the entry's chunk and place in it without dividing (bpf/lb.h lb_maglev_chunk)."""
     bs = backends(40)  # M 1021: three chunks, entries past the first chunk are read too
     table.add(SVC, bs)
     st = table.get(SVC)
@@ -215,9 +216,9 @@ def test_the_datapath_picks_table_entry_hash_mod_m(hook, table):
     tab = maglev.lookup_table(bs, 1021)
     fl = flows(600)
     got = picks(hook, fl)
-    want = [bs[tab[flow_hash(c, sp) % 1021]] for c, sp, _ in fl]
+    want = [bs[tab[maglev.table_index(flow_hash(c, sp), 1021)]] for c, sp, _ in fl]
     assert got == want
-    assert {flow_hash(c, sp) % 1021 // C["MAGLEV_CHUNK"] for c, sp, _ in fl} == {0, 1, 2}
+    assert {maglev.table_index(flow_hash(c, sp), 1021) // C["MAGLEV_CHUNK"] for c, sp, _ in fl} == {0, 1, 2}
 
 
 @pytest.mark.parametrize("n", [3, 10])
