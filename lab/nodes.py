@@ -43,6 +43,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kxlb.loader import mounts
 from kxlb.loader.netns import netns, netns_path
 
 FABRIC_CIDR = "10.250.0.0/24"
@@ -172,22 +173,12 @@ ROUTER = {
 
 
 def cgroup2_root() -> str:
-    """The cgroup v2 mount point (the unified hierarchy of a hybrid system, or /sys/fs/cgroup)."""
-    env = os.environ.get("KXLB_CGROUP2_ROOT")
-    if env:
-        return env
-    found = []
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) > 2 and parts[2] == "cgroup2":
-                found.append(parts[1])
-    for pref in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
-        if pref in found:
-            return pref
-    if found:
-        return found[0]
-    raise LabNetError("no cgroup v2 hierarchy is mounted (needed for the nodes' host-network cgroups)")
+    """The cgroup v2 mount point (the unified hierarchy of a hybrid system, or /sys/fs/cgroup),
+    as kxlb's loader finds it; KXLB_CGROUP2_ROOT overrides it."""
+    found = os.environ.get("KXLB_CGROUP2_ROOT") or mounts.cgroup2_root()
+    if not found:
+        raise LabNetError("no cgroup v2 hierarchy is mounted (needed for the nodes' host-network cgroups)")
+    return found
 
 
 @dataclass(frozen=True)
