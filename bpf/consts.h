@@ -153,7 +153,8 @@
 #define KXLB_ST_CT_DIRECT        24      /* direct traffic on a flow's reply tuple: its source port remapped */
 #define KXLB_ST_FLOOD            25      /* new masqueraded flows over KXLB_FLOOD_NEW_PER_TICK (a tick, a CPU) */
 #define KXLB_ST_PMTU             26      /* masqueraded packet too big for its backend's path: rejected with the MTU (ICMP) */
-#define KXLB_ST_MAX              27
+#define KXLB_ST_CT_RACE          27      /* new flow made by another CPU first (the same first packet): taken as it is */
+#define KXLB_ST_MAX              28
 
 #define KXLB_SCTP_LENGTHS        65536   /* sctp_crc_shift: an entry per SCTP packet length */
 

@@ -428,10 +428,13 @@ static __always_inline int KX_(ct_insert_first)(const struct KX_(pkt) *p, const 
  * of this frontend (the caller looked). Its source port is the client's own, unless it
  * is masqueraded (the node's own sockets may hold the client's port) or its replies
  * could not be told from another flow's (the same backend on the client's own port):
- * then one of masq_map. A record is inserted with BPF_NOEXIST; the loser of a two-CPU
- * race for it re-reads it. `out` gets the flow (to plan the packet's rewrite from).
- * Returns 0, -1 (conntrack full: every way of the socket's record live) or -2 (no
- * masquerade port free). */
+ * then one of masq_map, taken before the record is written. A record is inserted with
+ * BPF_NOEXIST. The loser of a two-CPU race for it re-reads it; when the winner made this
+ * very flow (the same first packet on both CPUs at once), the loser gives its port back
+ * and returns 1: the caller takes the winner's flow, so a frontend never has two flows in
+ * one record, one of them holding a port for nothing. `out` gets the flow made (to plan
+ * the packet's rewrite from). Returns 0, 1, -1 (conntrack full: every way of the
+ * socket's record live) or -2 (no masquerade port free). */
 static __always_inline int KX_(ct_create)(const struct KX_(pkt) *p, const struct KX_(ct_key) *k,
 					  struct KX_(ct_entry) *rec, const struct KX_(backend) *be, __u32 svc_id,
 					  kx_addr_t masq_addr, const struct KX_(lb_config) *cfg, __u32 now,
@@ -457,6 +460,11 @@ static __always_inline int KX_(ct_create)(const struct KX_(pkt) *p, const struct
 		if (KX_(ct_insert)(k, out) == 0)
 			return 0;
 		rec = KX_(ct_map).lookup(k);  /* another CPU inserted the record first */
+		if (KX_(ct_forward_flow)(rec, p, now)) {
+			if (port)
+				KX_(masq_release)(port, be->addr, be->port, p->proto, now);
+			return 1;
+		}
 	}
 	if (rec && KX_(ct_add_way)(rec, out, p->proto, now))
 		return 0;

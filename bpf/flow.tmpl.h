@@ -336,6 +336,13 @@ static __always_inline int KX_(lb_process)(void *data, void *data_end, __u32 len
 				goto tracked;   /* a retransmitted first packet, or another CPU's */
 			if (err < 0)
 				err = KX_(ct_create)(p, &client, rec, &c.be, sv.svc_id, c.snat, cfg, now, &s->flow);
+			if (err == 1) {   /* another CPU made this flow meanwhile: it is the flow */
+				stat_inc(KXLB_ST_CT_RACE);
+				f = KX_(ct_forward_flow)(KX_(ct_map).lookup(&client), p, now);
+				if (f)
+					goto tracked;
+				err = -1;
+			}
 			if (err < 0) {
 				stat_inc(err == -2 ? KXLB_ST_SNAT_NO_PORT : KXLB_ST_CT_FULL);
 				return LB_DROP;

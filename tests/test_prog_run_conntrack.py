@@ -272,6 +272,47 @@ def test_two_cpus_creating_one_flow_take_one_port(hook: Hook, masq):
     assert len(used) == 1
 
 
+def test_the_same_first_packet_on_two_cpus_at_once_makes_one_flow(hook: Hook, table):
+    """Really on two CPUs: each of 2,000 masqueraded first packets (a SYN, its socket's
+    record not read before its port is taken) runs on CPU 0 and on CPU 1 at once, released
+    by a barrier. The CPU that loses the record's insert to the other's same flow takes that
+    flow (`ct_race`) and gives its port back: both runs leave with the same masquerade
+    port, one flow and one port per socket. Before, the loser added a second flow of the
+    frontend with a port of its own (about 1% of the packets here)."""
+    import threading
+
+    assert len(os.sched_getaffinity(0)) >= 2, "this test needs two CPUs"
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    table.set_config(DatapathConfig(snat_addrs=(NODE_IP,), cluster_cidrs=("10.0.0.0/16",), src_ports=(20000, 29999)))
+    table.add(ServiceKey(VIP1, 80, 6), [Backend(BACKEND.addr, 8080)])
+    n = 2000
+    frames = [bytes(tcp(f"198.18.{i // 200}.{i % 200 + 1}", 40000, VIP1, 80)) for i in range(n)]
+    outs: dict[int, list[bytes]] = {cpu: [] for cpu in cpus}
+    barrier = threading.Barrier(2)
+    before = table.datapath_counters()
+
+    def run_on(cpu: int) -> None:
+        os.sched_setaffinity(0, {cpu})  # this thread only
+        for raw in frames:
+            barrier.wait()
+            outs[cpu].append(hook.run(raw)[1])
+
+    threads = [threading.Thread(target=run_on, args=(cpu,)) for cpu in cpus]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    d = {name: v - before[name] for name, v in table.datapath_counters().items() if v != before[name]}
+    print(f"{hook.name}: counters over {n} packets run twice at once: {d}")
+    a, b = (outs[cpu] for cpu in cpus)
+    assert len(a) == len(b) == n
+    differ = [i for i in range(n) if four(a[i], TCP) != four(b[i], TCP)]
+    assert not differ, f"{len(differ)} packets left with two masquerade ports, e.g. {four(a[differ[0]], TCP)}, {four(b[differ[0]], TCP)}"
+    assert d.get("snat") == n and d.get("ct_fwd") == n, d
+    assert conntrack.masq_usage(table.maps, V4, 20000, 29999).ways_used == n  # the losers' ports went back
+    assert all(len(flows_of(table.maps, f"198.18.{i // 200}.{i % 200 + 1}", 40000, 6)) == 1 for i in range(0, n, 97))
+
+
 def established(hook, client: str, cport: int, mport: int) -> None:
     """The rest of a masqueraded handshake (SYN sent: mport is its masquerade port) and a
     packet without SYN each way: the flow is confirmed both ways."""
