@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import time
 
 import pytest
@@ -279,8 +280,6 @@ def test_the_same_first_packet_on_two_cpus_at_once_makes_one_flow(hook: Hook, ta
     flow (`ct_race`) and gives its port back: both runs leave with the same masquerade
     port, one flow and one port per socket. Before, the loser added a second flow of the
     frontend with a port of its own (about 1% of the packets here)."""
-    import threading
-
     assert len(os.sched_getaffinity(0)) >= 2, "this test needs two CPUs"
     cpus = sorted(os.sched_getaffinity(0))[:2]
     table.set_config(DatapathConfig(snat_addrs=(NODE_IP,), cluster_cidrs=("10.0.0.0/16",), src_ports=(20000, 29999)))
