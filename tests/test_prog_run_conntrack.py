@@ -33,6 +33,9 @@ NODE_IP = "10.250.0.11"
 
 @pytest.fixture
 def table(dp):
+    """Empty maps, and no flood period left by an earlier test (a flood period changes how
+    a port search ends: tests that want one start it themselves)."""
+    no_flood_period(dp)
     with clean_table(dp[1]) as t:
         yield t
 
@@ -273,7 +276,7 @@ def test_two_cpus_creating_one_flow_take_one_port(hook: Hook, masq):
     assert len(used) == 1
 
 
-def test_the_same_first_packet_on_two_cpus_at_once_makes_one_flow(hook: Hook, table, dp):
+def test_the_same_first_packet_on_two_cpus_at_once_makes_one_flow(hook: Hook, table):
     """Really on two CPUs: each of 2,000 masqueraded first packets (a SYN, its socket's
     record not read before its port is taken) runs on CPU 0 and on CPU 1 at once, released
     by a barrier. The CPU that loses the record's insert to the other's same flow takes that
@@ -285,7 +288,8 @@ def test_the_same_first_packet_on_two_cpus_at_once_makes_one_flow(hook: Hook, ta
     table.set_config(DatapathConfig(snat_addrs=(NODE_IP,), cluster_cidrs=("10.0.0.0/16",), src_ports=(20000, 29999)))
     table.add(ServiceKey(VIP1, 80, 6), [Backend(BACKEND.addr, 8080)])
     n = 2000
-    frames = [bytes(tcp(f"198.18.{i // 200}.{i % 200 + 1}", 40000, VIP1, 80)) for i in range(n)]
+    clients = [f"198.18.{i // 200}.{i % 200 + 1}" for i in range(n)]
+    frames = [bytes(tcp(client, 40000, VIP1, 80)) for client in clients]
     outs: dict[int, list[bytes]] = {cpu: [] for cpu in cpus}
     barrier = threading.Barrier(2)
     before = table.datapath_counters()
@@ -297,13 +301,10 @@ def test_the_same_first_packet_on_two_cpus_at_once_makes_one_flow(hook: Hook, ta
             outs[cpu].append(hook.run(raw)[1])
 
     threads = [threading.Thread(target=run_on, args=(cpu,)) for cpu in cpus]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        no_flood_period(dp)  # 2,000 new flows in a tick start one; the next tests must not run in it
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     d = {name: v - before[name] for name, v in table.datapath_counters().items() if v != before[name]}
     print(f"{hook.name}: counters over {n} packets run twice at once: {d}")
     a, b = (outs[cpu] for cpu in cpus)
@@ -312,7 +313,7 @@ def test_the_same_first_packet_on_two_cpus_at_once_makes_one_flow(hook: Hook, ta
     assert not differ, f"{len(differ)} packets left with two masquerade ports, e.g. {four(a[differ[0]], TCP)}, {four(b[differ[0]], TCP)}"
     assert d.get("snat") == n and d.get("ct_fwd") == n, d
     assert conntrack.masq_usage(table.maps, V4, 20000, 29999).ways_used == n  # the losers' ports went back
-    assert all(len(flows_of(table.maps, f"198.18.{i // 200}.{i % 200 + 1}", 40000, 6)) == 1 for i in range(0, n, 97))
+    assert all(len(flows_of(table.maps, client, 40000, 6)) == 1 for client in clients[::97])
 
 
 def established(hook, client: str, cport: int, mport: int) -> None:
@@ -344,12 +345,12 @@ def test_a_masquerade_port_waits_out_the_backends_time_wait(hook: Hook, table):
     assert masq_syn(hook, "192.0.2.9")[1] == 62000
 
 
-def test_a_nearly_full_masquerade_range_still_finds_its_free_ports(hook: Hook, table, dp):
+def test_a_nearly_full_masquerade_range_still_finds_its_free_ports(hook: Hook, table):
     """870 of 1024 ports taken (85%) by flows to one backend: every new flow still finds a
     free one (kxlb 0.2's 16 tries dropped 27 of 900 with 151 ports free). Outside a flood
     period: in one, a search that finds no free port in its first tries takes back a
-    half-open flow's port, and on a slow machine this test's first flows are old enough."""
-    no_flood_period(dp)
+    half-open flow's port, and on a slow machine this test's first flows are old enough
+    (the `table` fixture ends any flood period an earlier test started)."""
     table.set_config(DatapathConfig(snat_addrs=(NODE_IP,), cluster_cidrs=("10.0.0.0/16",), src_ports=(62000, 63023)))
     table.add(ServiceKey(VIP1, 80, 6), [Backend(BACKEND.addr, 8080)])
     refused = counter(table, "snat_no_port")
@@ -410,7 +411,7 @@ def no_flood_period(dp) -> None:
     dp[0].bpf[b"flood_until"][ctypes.c_int(0)] = ctypes.c_uint32(0)
 
 
-def test_a_slow_spoofed_syn_flood_that_fills_the_range_does_not_lock_out_new_connections(hook: Hook, table, dp):
+def test_a_slow_spoofed_syn_flood_that_fills_the_range_does_not_lock_out_new_connections(hook: Hook, table):
     """Spoofed SYNs too few per tick to count as a flood (KXLB_FLOOD_NEW_PER_TICK) still take
     every port of the range: a half-open flow holds its port two minutes (a SYN's lifetime,
     then the backend's TIME_WAIT). A new connection whose every try meets a taken port takes
@@ -420,7 +421,6 @@ def test_a_slow_spoofed_syn_flood_that_fills_the_range_does_not_lock_out_new_con
     SYNs at 500 a second at a 1,024-port range, 34 of 150 connections timed out.)"""
     table.set_config(DatapathConfig(snat_addrs=(NODE_IP,), cluster_cidrs=("10.0.0.0/16",), src_ports=(62000, 62031)))
     table.add(ServiceKey(VIP1, 80, 6), [Backend(BACKEND.addr, 8080)])
-    no_flood_period(dp)
     floods = counter(table, "flood")
     kept = masq_syn(hook, "192.0.2.250")[1]                  # one real connection
     established(hook, "192.0.2.250", 40000, kept)
