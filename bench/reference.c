@@ -57,8 +57,8 @@ int prim_lru_insert(struct xdp_md *ctx)
 
 /* What the datapath's new-flow arithmetic cost before and after it stopped dividing
  * (bpf/hash.h kx_range): 8 dependent steps each, from values clang cannot know (a table
- * size below 2^16, a 32-bit hash). BPF's
- * divide (a modulo here, as `hash % M` was), 64 bits wide as clang emits it... */
+ * size below 2^16, a 32-bit hash). BPF's divide (a modulo here, as `hash % M` was), 64
+ * bits wide as clang emits it... */
 int prim_mod8(struct xdp_md *ctx)
 {
 	u64 m = (bpf_get_prandom_u32() & 0xffff) | 1, h = bpf_get_prandom_u32();
