@@ -54,14 +54,26 @@ static __always_inline int KX_(lb_masquerade_needed)(const struct KX_(lb_config)
 								 * eTP Local keeps the source */
 }
 
+/* The backend in slot `slot` of the run at `base` (struct svc_value.slots) of the set
+ * tagged `tag` (KXLB_SLOT_TAG): an array read. NULL for an index past the array, a slot
+ * never written, or one a run given to another set since `base` was read holds (maps.h). */
+static __always_inline struct KX_(backend) *KX_(lb_backend_at)(__u32 base, __u32 slot, __u16 tag)
+{
+	__u32 idx = base + slot;
+	struct KX_(backend) *b = KX_(backend_map).lookup(&idx);
+
+	if (!b || b->tag != tag || KX_ZERO(b->addr))
+		return NULL;
+	return b;
+}
+
 /* One backend of a set, in the generation of `sv` (a copy of the svc_map entry taken
- * once, so sizes, table sizes and gen belong together: see maps.h): table, then slot.
- * If user space removed the table or slot after flipping the generation, the entry is
+ * once, so sizes, runs, table sizes and gen belong together: see maps.h): table, then
+ * slot. If user space deleted the table after flipping the generation, the entry is
  * re-read once: the new generation is complete by then. */
 static __always_inline int KX_(lb_slot)(const struct KX_(svc_key) *sk, const struct svc_value *sv, __u8 set,
 				   __u32 hash, struct KX_(backend) *out)
 {
-	struct backend_key bk = {.svc_id = sv->svc_id, .gen = sv->gen, .set = set};
 	int local = set == KXLB_SET_LOCAL;
 	struct KX_(backend) *b = NULL;
 	struct svc_value *now;
@@ -69,10 +81,9 @@ static __always_inline int KX_(lb_slot)(const struct KX_(svc_key) *sk, const str
 
 	slot = lb_table_slot(sv->svc_id, sv->gen, set, local ? sv->local_count : sv->count,
 			     local ? sv->local_table_size : sv->table_size, hash);
-	if (slot >= 0) {
-		bk.slot = slot;
-		b = KX_(backend_map).lookup(&bk);
-	}
+	if (slot >= 0)
+		b = KX_(lb_backend_at)(local ? sv->local_slots : sv->slots, slot,
+					   KXLB_SLOT_TAG(sv->svc_id, sv->gen));
 	if (!b) {
 		stat_inc(KXLB_ST_SLOT_RETRY);
 		now = KX_(svc_map).lookup((struct KX_(svc_key) *)sk);
@@ -82,10 +93,8 @@ static __always_inline int KX_(lb_slot)(const struct KX_(svc_key) *sk, const str
 				     local ? now->local_table_size : now->table_size, hash);
 		if (slot < 0)
 			return -1;
-		bk.svc_id = now->svc_id;
-		bk.gen = now->gen;
-		bk.slot = slot;
-		b = KX_(backend_map).lookup(&bk);
+		b = KX_(lb_backend_at)(local ? now->local_slots : now->slots, slot,
+					   KXLB_SLOT_TAG(now->svc_id, now->gen));
 		if (!b)
 			return -1;
 	}

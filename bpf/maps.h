@@ -18,22 +18,25 @@
  * the same with a 6 (svc_map6, struct svc_key6, ...), with the same fields holding
  * 16-byte addresses (struct kx_in6), so one text of the datapath serves both families
  * (the *.tmpl.h files, instantiated per family). What carries no address (svc_value,
- * backend_key, the Maglev tables, the counters, the per-service stats) is shared: both
+ * the Maglev tables, the counters, the per-service stats) is shared: both
  * families draw svc_ids from one range, and a dual-stack Service is two service ports
  * (one per cluster IP family) with two svc_ids.
  *
- * Consistency of a service (why the generations): backend slots live in backend_map
- * under (svc_id, set, slot, gen). To change a service port's backends, user space
- *   1. writes both new sets, and their Maglev tables (maglev_map), under the inactive
- *      generation (invisible to packets),
- *   2. replaces every frontend's svc_map entry (set sizes + gen flip atomically: a hash
- *      map update swaps the whole element),
- *   3. deletes the old generation's slots and tables.
+ * Consistency of a service (why the generations): a backend set lives in backend_map as
+ * a run of slots, [slots, slots + count) (struct svc_value), and its Maglev table in
+ * maglev_map under (svc_id, set, gen). To change a service port's backends, user space
+ *   1. writes both new sets into free runs of backend_map, and their Maglev tables under
+ *      the inactive generation (invisible to packets: no frontend names them yet),
+ *   2. replaces every frontend's svc_map entry (set sizes, runs, gen flip atomically: a
+ *      hash map update swaps the whole element),
+ *   3. deletes the old generation's tables, and frees the old runs for reuse only after a
+ *      quarantine (loader/slots.py): a packet that read the old entry just before the flip
+ *      still reads the old run, which holds the old backends until then.
  * A packet therefore sees the old sets or the new sets, never a mix. The one window: a
- * packet read an old entry, then step 3 deleted the slot it wants; the datapath
+ * packet read an old entry, then step 3 deleted the table it wants; the datapath
  * re-reads the entry once and picks from the new generation (KXLB_ST_SLOT_RETRY).
  * Adding a service writes slots first, then the entries; deleting removes the entries
- * first, then the slots. */
+ * first, then frees the slots. */
 #ifndef KXLB_MAPS_H
 #define KXLB_MAPS_H
 #include "consts.h"
@@ -59,21 +62,22 @@ struct svc_value {
 	__u32 affinity_s;  /* KXLB_SVC_F_AFFINITY: sessionAffinityConfig timeoutSeconds */
 	__u16 table_size;  /* M of the cluster-wide set's Maglev table (prime; 0: no table, */
 	__u16 local_table_size; /* at most one slot) and of this node's set, active gen */
+	__u32 slots;       /* backend_map index of the cluster-wide set's slot 0 (its run of */
+	__u32 local_slots; /* `count` slots), and of this node's set's (0: an empty set) */
 };
 
-/* backend_map key: one slot of a service port's backend set. */
-struct backend_key {
-	__u32 svc_id;
-	__u16 slot;       /* 0..count-1 (or local_count-1) */
-	__u8  gen;
-	__u8  set;        /* KXLB_SET_CLUSTER / KXLB_SET_LOCAL */
-};
-
-/* backend_map value: where the slot sends new flows. */
+/* backend_map (an array, index: the slot): where a slot sends new flows. An array, as
+ * Katran's reals, not a hash keyed by (service, set, slot): a new flow reads its slot
+ * with an index, no key to hash and compare (about 20 ns less per new flow). A set's
+ * slots are a run of it, allocated by user space (loader/slots.py); slot 0 of the array
+ * is never used. A freed run keeps its contents until it is given to another set, after a
+ * quarantine; `tag` names the set a slot was written for, so a packet still holding an
+ * entry from before a run changed hands finds another tag and re-reads the entry. */
+#define KXLB_SLOT_TAG(svc_id, gen) ((__u16)(((svc_id) << 1) | (gen)))
 struct backend {
 	__be32 addr;
 	__be16 port;
-	__u16  pad;
+	__u16  tag;       /* KXLB_SLOT_TAG(svc_id, gen) of the set whose run holds the slot */
 };
 
 /* maglev_map key: one chunk of a backend set's Maglev lookup table, under the same
@@ -86,7 +90,7 @@ struct maglev_key {
 	__u8  set;        /* KXLB_SET_* */
 };
 
-/* maglev_map value: table entries -> slot numbers of backend_map (loader/maglev.py). */
+/* maglev_map value: table entries -> slot numbers of the set (its run's offset), loader/maglev.py. */
 struct maglev_chunk {
 	__u16 slot[KXLB_MAGLEV_CHUNK];
 };
@@ -273,7 +277,7 @@ struct svc_key6 {
 struct backend6 {
 	struct kx_in6 addr;
 	__be16 port;
-	__u16  pad;
+	__u16  tag;       /* as struct backend's */
 };
 
 struct ct_key6 {
@@ -384,9 +388,11 @@ struct lb_config6 {
 /* Written by user space only. No prealloc: the control plane pays the allocation, and
  * memory follows the number of services rather than the capacity. */
 BPF_TABLE_PINNED("hash", struct svc_key, struct svc_value, svc_map,
-		 KXLB_MAX_FRONTENDS, KXLB_PIN_DIR "/services", BPF_F_NO_PREALLOC);
-BPF_TABLE_PINNED("hash", struct backend_key, struct backend, backend_map,
-		 KXLB_MAX_BACKEND_SLOTS, KXLB_PIN_DIR "/backends", BPF_F_NO_PREALLOC);
+		 KXLB_MAX_FRONTENDS, KXLB_PIN_DIR "/services_v2", BPF_F_NO_PREALLOC);
+/* An array (preallocated): 8 MB for IPv4's 1M slots, the size of the bucket array a hash
+ * map of that capacity allocates anyway. */
+BPF_TABLE_PINNED("array", __u32, struct backend, backend_map,
+		 KXLB_MAX_BACKEND_SLOTS, KXLB_PIN_DIR "/backends_v2");
 BPF_TABLE_PINNED("hash", struct maglev_key, struct maglev_chunk, maglev_map,
 		 KXLB_MAX_MAGLEV_CHUNKS, KXLB_PIN_DIR "/maglev", BPF_F_NO_PREALLOC);
 /* Written by user space only, bits set and never cleared: approximate sets (a Bloom
@@ -433,9 +439,9 @@ BPF_TABLE_PINNED("array", __u32, struct lb_config, cfg_map, 1, KXLB_PIN_DIR "/co
 /* The IPv6 family's maps, as the IPv4 ones above. Its LRU tables (preallocated) are
  * sized on their own (consts.h): a node that serves no IPv6 pays little for them. */
 BPF_TABLE_PINNED("hash", struct svc_key6, struct svc_value, svc_map6,
-		 KXLB_MAX_FRONTENDS, KXLB_PIN_DIR "/services6", BPF_F_NO_PREALLOC);
-BPF_TABLE_PINNED("hash", struct backend_key, struct backend6, backend_map6,
-		 KXLB_MAX_BACKEND_SLOTS, KXLB_PIN_DIR "/backends6", BPF_F_NO_PREALLOC);
+		 KXLB_MAX_FRONTENDS, KXLB_PIN_DIR "/services6_v2", BPF_F_NO_PREALLOC);
+BPF_TABLE_PINNED("array", __u32, struct backend6, backend_map6,
+		 KXLB_MAX_BACKEND_SLOTS, KXLB_PIN_DIR "/backends6_v2");
 BPF_TABLE_PINNED("lru_hash", struct ct_key6, struct ct_entry6, ct_map6,
 		 KXLB_CT6_ENTRIES, KXLB_PIN_DIR "/conntrack6_v2");
 BPF_TABLE_PINNED("array", __u32, struct masq_entry6, masq_map6, 65536, KXLB_PIN_DIR "/masq_ports6");

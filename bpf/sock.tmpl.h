@@ -26,20 +26,19 @@ static __always_inline int KX_(sock_rev_taken)(__u64 cookie, const struct KX_(ba
 }
 
 /* One candidate of sock_pick_unshared(): the i-th slot on from kx_range(hash, n),
- * wrapping (no division: hash.h). 1: chosen (its backend
- * was free for this VIP), -1: stop looking, 0: try the next. A missing slot means user
- * space is replacing the set right now: the search stops there, keeping lb_decide()'s
- * choice. */
-static __always_inline int KX_(sock_try_slot)(__u64 cookie, const struct KX_(svc_key) *sk, struct backend_key *bk,
-					      __u32 hash, __u32 i, __u16 n, struct KX_(backend) *be)
+ * wrapping (no division: hash.h), of the set's run at `base`. 1: chosen (its backend
+ * was free for this VIP), -1: stop looking, 0: try the next. A slot that is not the
+ * set's (lb.tmpl.h lb_backend_at: the run changed hands since the entry was read) stops
+ * the search there, keeping lb_decide()'s choice. */
+static __always_inline int KX_(sock_try_slot)(__u64 cookie, const struct KX_(svc_key) *sk, __u32 base,
+					      __u16 tag, __u32 hash, __u32 i, __u16 n, struct KX_(backend) *be)
 {
 	struct KX_(backend) *alt;
 
 	if (i >= n)
 		return -1;
 	__u32 slot = kx_range(hash, n) + i;
-	bk->slot = slot >= n ? slot - n : slot;
-	alt = KX_(backend_map).lookup(bk);
+	alt = KX_(lb_backend_at)(base, slot >= n ? slot - n : slot, tag);
 	if (!alt)
 		return -1;
 	if (KX_(sock_rev_taken)(cookie, alt, sk))
@@ -70,20 +69,21 @@ static __always_inline void KX_(sock_pick_unshared)(__u64 cookie, const struct K
 		return;
 	__u8 set = lb_set_for(sv, KXLB_ORIGIN_NODE);
 	__u16 n = set == KXLB_SET_LOCAL ? sv->local_count : sv->count;
-	struct backend_key bk = {.svc_id = sv->svc_id, .gen = sv->gen, .set = set};
+	__u32 base = set == KXLB_SET_LOCAL ? sv->local_slots : sv->slots;
+	__u16 tag = KXLB_SLOT_TAG(sv->svc_id, sv->gen);
 
 	/* Unrolled by hand (SOCK_REV_TRIES candidates): as a loop, clang derives the
 	 * counter from n, the verifier cannot bound it and walks the loop until it gives
 	 * up. */
-	if (KX_(sock_try_slot)(cookie, sk, &bk, hash, 0, n, be) ||
-	    KX_(sock_try_slot)(cookie, sk, &bk, hash, 1, n, be) ||
-	    KX_(sock_try_slot)(cookie, sk, &bk, hash, 2, n, be) ||
-	    KX_(sock_try_slot)(cookie, sk, &bk, hash, 3, n, be) ||
-	    KX_(sock_try_slot)(cookie, sk, &bk, hash, 4, n, be) ||
-	    KX_(sock_try_slot)(cookie, sk, &bk, hash, 5, n, be) ||
-	    KX_(sock_try_slot)(cookie, sk, &bk, hash, 6, n, be))
+	if (KX_(sock_try_slot)(cookie, sk, base, tag, hash, 0, n, be) ||
+	    KX_(sock_try_slot)(cookie, sk, base, tag, hash, 1, n, be) ||
+	    KX_(sock_try_slot)(cookie, sk, base, tag, hash, 2, n, be) ||
+	    KX_(sock_try_slot)(cookie, sk, base, tag, hash, 3, n, be) ||
+	    KX_(sock_try_slot)(cookie, sk, base, tag, hash, 4, n, be) ||
+	    KX_(sock_try_slot)(cookie, sk, base, tag, hash, 5, n, be) ||
+	    KX_(sock_try_slot)(cookie, sk, base, tag, hash, 6, n, be))
 		return;
-	KX_(sock_try_slot)(cookie, sk, &bk, hash, 7, n, be);
+	KX_(sock_try_slot)(cookie, sk, base, tag, hash, 7, n, be);
 }
 
 /* VIP:port (network order, as in the socket address) -> backend for this socket, with

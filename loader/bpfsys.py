@@ -193,14 +193,16 @@ def batch_opts(elem_flags: int = 0) -> BatchOpts:
 ENOTSUPP = 524  # the kernel's "operation not supported" for a map type without batch ops
 
 
-def lookup_batches(fd: int, key_size: int, value_size: int, chunk: int = 4096, what: str = "map"):
+def lookup_batches(fd: int, key_size: int, value_size: int, chunk: int = 4096, what: str = "map",
+                   after: int | None = None):
     """Every entry of a map by batch lookups (one syscall per ``chunk`` entries), as
-    (keys, values, count) packed bytes. OSError EINVAL or ENOTSUPP from the first call:
-    the kernel has no batch lookup for this map type."""
+    (keys, values, count) packed bytes. ``after``: an array's entries from index after + 1
+    on (the kernel's batch token is the last key read). OSError EINVAL or ENOTSUPP from the
+    first call: the kernel has no batch lookup for this map type."""
     keys = ctypes.create_string_buffer(key_size * chunk)
     vals = ctypes.create_string_buffer(value_size * chunk)
-    token_in, token_out = c_uint64(), c_uint64()
-    opts, first = batch_opts(), True
+    token_in, token_out = c_uint64(after or 0), c_uint64()
+    opts, first = batch_opts(), after is None
     while True:
         count = c_uint32(chunk)
         ret = lib().bpf_map_lookup_batch(fd, None if first else ctypes.byref(token_in), ctypes.byref(token_out),

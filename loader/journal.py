@@ -3,8 +3,9 @@
 A service write is several map operations (bpf/maps.h: slots, then frontends, then the
 old generation's slots go). Each step keeps the maps consistent for packets, but a
 writer killed between two steps (SIGKILL, OOM, a node reboot of the process) used to
-leave what it had written for ever: slots and Maglev chunks no frontend reaches,
-counted against the maps' capacity. So before the first write the writer records its
+leave what it had written for ever: Maglev chunks no frontend reaches, counted against
+the map's capacity. (Backend slots need no repair: a run no frontend names is free by
+construction, loader/slots.py.) So before the first write the writer records its
 *intent* in the registry (the service ids, the generation it writes, the cluster IPs
 whose markers may change); after the last it clears it. The next writer (they take the
 writer lock one at a time, loader/lock.py) finds a leftover intent and repairs exactly
@@ -14,9 +15,10 @@ those services before doing anything else:
   command that added it failed, so the service must not exist;
 - a delete that did not finish is finished;
 - an update whose frontends were flipped only in part is rolled forward to the new
-  generation (each frontend keeps its own kind and flags, takes the new sets' sizes);
-- then every slot and Maglev chunk of those ids under a generation no frontend names
-  is removed, and ranges and affinity of ids no frontend names at all;
+  generation (each frontend keeps its own kind and flags, takes the new sets' sizes and
+  runs);
+- then every Maglev chunk of those ids under a generation no frontend names is
+  removed, and ranges and affinity of ids no frontend names at all;
 - markers of the intent's cluster IPs are made right.
 
 A bulk write (the controller's full sync adds thousands of services) records "bulk";
@@ -29,15 +31,13 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 from .errors import KxlbError
-from .layout import C, FAMILIES, BackendKey, Family, MaglevKey, SvcValue, family_of
+from .layout import C, FAMILIES, Family, MaglevKey, SvcValue, family_of
 from .registry import Registry
 
 INTENT = "intent"
 MARKER = C["KIND_MARKER"]
 CLUSTER_IP = C["KIND_CLUSTER_IP"]
 SETS = (C["SET_CLUSTER"], C["SET_LOCAL"])
-MAX_PER_SVC = C["MAX_BACKENDS_PER_SVC"]
-OLD_MAX_PER_SVC = 4096   # the per-set limit of releases up to 0.2 (their leftovers may be suffixes)
 MAX_INTENT_IDS = 64   # more than this is a bulk write: its repair sweeps everything
 
 
@@ -47,19 +47,17 @@ class Swept:
 
     frontends: int = 0     # deleted (rolled back adds, finished deletes)
     rolled_forward: int = 0
-    slots: int = 0
     chunks: int = 0
     ranges: int = 0
     markers: int = 0
     notes: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return any((self.frontends, self.rolled_forward, self.slots, self.chunks, self.ranges, self.markers))
+        return any((self.frontends, self.rolled_forward, self.chunks, self.ranges, self.markers))
 
     def __str__(self) -> str:
         parts = [f"{n} {what}" for n, what in ((self.frontends, "frontends removed"),
                                                 (self.rolled_forward, "frontends rolled forward"),
-                                                (self.slots, "orphaned backend slots"),
                                                 (self.chunks, "orphaned Maglev chunks"),
                                                 (self.ranges, "orphaned source ranges"),
                                                 (self.markers, "markers fixed")) if n]
@@ -136,17 +134,7 @@ def sweep(maps, ids: set[int] | None = None, op: str = "", gen: int | None = Non
         elif op == "update" and gen is not None:
             out.rolled_forward += _roll_forward(services, mine, gen)
             mine = [(k, services.get(k) or v) for k, v in mine]
-        referenced = {(v.svc_id, v.gen) for k, v in fronts}
-        live_ids = {i for i, _ in referenced}
-        backends = fam.map(maps, "backends")
-        if ids is None:
-            out.slots += _delete_where(backends, lambda k: (k.svc_id, k.gen) not in referenced)
-        else:
-            for i in ids:
-                for g in (0, 1):
-                    if (i, g) not in referenced:
-                        out.slots += _probe_delete(backends, lambda n, s: BackendKey(svc_id=i, slot=n, gen=g, set=s),
-                                                   MAX_PER_SVC, dense=OLD_MAX_PER_SVC)
+        live_ids = {v.svc_id for k, v in fronts}
         ranges = fam.map(maps, "src_ranges")
         # (the service CIDRs' entries belong to no service: ServiceTable.set_config's)
         out.ranges += _delete_where(ranges, lambda k: k.svc_id not in live_ids and k.svc_id != C["SVC_CIDR_ID"] and
@@ -177,6 +165,7 @@ def _roll_forward(services, mine: list, gen: int) -> int:
             fixed = SvcValue.from_buffer_copy(v)
             fixed.count, fixed.local_count, fixed.gen = new.count, new.local_count, gen
             fixed.table_size, fixed.local_table_size = new.table_size, new.local_table_size
+            fixed.slots, fixed.local_slots = new.slots, new.local_slots
             services.put(k, fixed)
             n += 1
     return n
@@ -187,20 +176,9 @@ def _delete_where(m, pred) -> int:
     return sum(m.delete(k) for k in doomed)
 
 
-def _probe_delete(m, key_of, n: int, dense: int | None = None) -> int:
-    """Delete keys key_of(i, set) for i < n in both sets. Probed one by one: a write killed
-    half way leaves a prefix, and so does a delete (last slot first). ``dense``: every
-    index below it is probed (releases up to 0.2 deleted first slot first, leaving a
-    suffix, and held at most that many), then only up to the first missing one, so a
-    repair costs what was left, not 65,520 probes per set."""
-    gone = 0
-    for s in SETS:
-        for i in range(n):
-            hit = m.delete(key_of(i, s))
-            gone += hit
-            if not hit and dense is not None and i >= dense:
-                break
-    return gone
+def _probe_delete(m, key_of, n: int) -> int:
+    """Delete keys key_of(i, set) for i < n in both sets, probed one by one."""
+    return sum(m.delete(key_of(i, s)) for s in SETS for i in range(n))
 
 
 def _sweep_maglev(maps, ids: set[int] | None) -> int:

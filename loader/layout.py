@@ -44,11 +44,11 @@ MIRRORS: dict[str, type[ctypes.Structure]] = parse_structs(BPF_DIR / "maps.h", C
 """C struct name -> ctypes class, made from maps.h itself (loader/cstructs.py); the layout
 test checks each against the BTF clang emits for it."""
 
-(SvcKey, SvcValue, BackendKey, BackendValue, MaglevKey, MaglevChunk, CtKey, CtFlow, CtEntry, MasqWay, MasqEntry,
+(SvcKey, SvcValue, BackendValue, MaglevKey, MaglevChunk, CtKey, CtFlow, CtEntry, MasqWay, MasqEntry,
  FragKey, FragValue, AffinityKey, AffinityValue, SrcRangeKey, LbConfig, SockRevKey, SockRevValue, SvcCounters,
  In6, SvcKey6, BackendValue6, CtKey6, CtFlow6, CtEntry6, MasqWay6, MasqEntry6, FragKey6, FragValue6, AffinityKey6,
  AffinityValue6, SrcRangeKey6, LbConfig6, SockRevKey6, SockRevValue6) = (MIRRORS[n] for n in (
-    "svc_key", "svc_value", "backend_key", "backend", "maglev_key", "maglev_chunk", "ct_key", "ct_flow", "ct_entry",
+    "svc_key", "svc_value", "backend", "maglev_key", "maglev_chunk", "ct_key", "ct_flow", "ct_entry",
     "masq_way", "masq_entry", "frag_key", "frag_value", "affinity_key", "affinity_value", "src_range_key",
     "lb_config", "sock_rev_key", "sock_rev_value", "svc_counters", "kx_in6", "svc_key6", "backend6", "ct_key6",
     "ct_flow6", "ct_entry6", "masq_way6", "masq_entry6", "frag_key6", "frag_value6", "affinity_key6",
@@ -106,11 +106,10 @@ class Family:
         self.max_prefix = addr_len * 8
         a = f"{addr_len}s"
         # Bulk packing of the structs writers make by the thousand (checked against the
-        # ctypes mirrors by tests/test_layout.py): struct svc_key(6), struct backend(6),
-        # and backend(6) read with the port as a number (network order).
+        # ctypes mirrors by tests/test_layout.py): struct svc_key(6), struct backend(6)
+        # (its port in network order, its tag in host order).
         self.svc_key = struct.Struct(f"={a}2sBB")
         self.backend = struct.Struct(f"={a}2sH")
-        self.backend_read = struct.Struct(f"!{a}Hxx")
         # A backend's Maglev identity (maglev.identity): address and port in network
         # order, the first bytes of its packed struct backend(6).
         self.ident_len = addr_len + 2

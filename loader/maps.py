@@ -14,7 +14,7 @@ from typing import Generic, Iterable, Iterator, TypeVar
 
 from . import bpfsys
 from .errors import KxlbError
-from .layout import (C, AffinityKey, AffinityKey6, AffinityValue, AffinityValue6, BackendKey, BackendValue,
+from .layout import (C, AffinityKey, AffinityKey6, AffinityValue, AffinityValue6, BackendValue,
                      BackendValue6, CtEntry, CtEntry6, CtKey, CtKey6, FragKey, FragKey6, FragValue, FragValue6,
                      LbConfig, LbConfig6, MaglevChunk, MaglevKey, MasqEntry, MasqEntry6, SrcRangeKey, SrcRangeKey6,
                      SvcCounters, SvcKey, SvcKey6, SvcValue)
@@ -134,6 +134,24 @@ class BpfMap(Generic[K, V]):
 
     def _batches(self) -> Iterator[tuple[bytes, bytes, int]]:
         return bpfsys.lookup_batches(self.fd, ctypes.sizeof(self.key_t), ctypes.sizeof(self.value_t), what=self.path)
+
+    def values_raw(self, start: int, n: int) -> bytes:
+        """An array's values at indexes [start, start + n), packed (fewer when the array
+        ends first), read with batch lookups."""
+        vsize, out = ctypes.sizeof(self.value_t), []
+        if n > 0 and start == 0:  # the batch token names the index before the first one read
+            v = self.get(self.key_t(0))
+            out.append(bytes(v) if v is not None else b"")
+            start, n = 1, n - 1
+        if n > 0:
+            for _, vals, count in bpfsys.lookup_batches(self.fd, ctypes.sizeof(self.key_t), vsize, min(n, 4096),
+                                                        self.path, after=start - 1):
+                take = min(count, n)
+                out.append(vals[:take * vsize])
+                n -= take
+                if n == 0:
+                    break
+        return b"".join(out)
 
     def put_many(self, items: list[tuple[K, V]], flags: int = bpfsys.BPF_ANY) -> None:
         """Write entries with one batch syscall; all-or-error (the caller rolls back)."""
@@ -282,7 +300,7 @@ class Maps:
 
     pin_dir: str
     services: BpfMap[SvcKey, SvcValue]
-    backends: BpfMap[BackendKey, BackendValue]
+    backends: BpfMap[ctypes.c_uint32, BackendValue]
     maglev: BpfMap[MaglevKey, MaglevChunk]
     conntrack: BpfMap[CtKey, CtEntry]
     masq_ports: BpfMap
@@ -296,7 +314,7 @@ class Maps:
     backend_filter: BpfMap
     # The IPv6 family's maps (maps.h: the same layouts with 16-byte addresses).
     services6: BpfMap[SvcKey6, SvcValue]
-    backends6: BpfMap[BackendKey, BackendValue6]
+    backends6: BpfMap[ctypes.c_uint32, BackendValue6]
     conntrack6: BpfMap[CtKey6, CtEntry6]
     masq_ports6: BpfMap
     frags6: BpfMap[FragKey6, FragValue6]
@@ -314,7 +332,7 @@ class Maps:
         return cls(
             pin_dir=pin_dir,
             services=BpfMap(p("services"), SvcKey, SvcValue),
-            backends=BpfMap(p("backends"), BackendKey, BackendValue),
+            backends=BpfMap(p("backends"), ctypes.c_uint32, BackendValue),
             maglev=BpfMap(p("maglev"), MaglevKey, MaglevChunk),
             conntrack=BpfMap(p("conntrack"), CtKey, CtEntry),
             masq_ports=BpfMap(p("masq_ports"), ctypes.c_uint32, MasqEntry),
@@ -327,7 +345,7 @@ class Maps:
             front_filter=BpfMap(p("front_filter"), ctypes.c_uint32, ctypes.c_uint64),
             backend_filter=BpfMap(p("backend_filter"), ctypes.c_uint32, ctypes.c_uint64),
             services6=BpfMap(p("services6"), SvcKey6, SvcValue),
-            backends6=BpfMap(p("backends6"), BackendKey, BackendValue6),
+            backends6=BpfMap(p("backends6"), ctypes.c_uint32, BackendValue6),
             conntrack6=BpfMap(p("conntrack6"), CtKey6, CtEntry6),
             masq_ports6=BpfMap(p("masq_ports6"), ctypes.c_uint32, MasqEntry6),
             frags6=BpfMap(p("frags6"), FragKey6, FragValue6),

@@ -19,9 +19,10 @@ from . import bpfsys, maglev
 from .errors import FrontendConflict, KxlbError, MapWriteError
 from .filters import AddressFilters
 from .journal import Journal, range_key
-from .layout import (C, DP_COUNTERS, FAMILIES, V4, Backend, BackendKey, Family, MaglevKey, ServiceKey,
+from .layout import (C, DP_COUNTERS, FAMILIES, V4, Backend, Family, MaglevKey, ServiceKey,
                      SvcCounters, SvcValue, family_of, parse_net, raw_to_port)
 from .maps import Maps
+from .slots import SlotRuns
 from .svcids import SvcIds
 from .svcspec import Frontend, Kind, LbService
 
@@ -36,8 +37,15 @@ SETS = (C["SET_CLUSTER"], C["SET_LOCAL"])
 # struct layouts of maps.h for bulk packing (network-order fields as raw bytes / "!H");
 # tests/test_layout.py checks them against the ctypes mirrors. The per-family ones
 # (svc_key, backend) are Family's.
-_BACKEND_KEY = struct.Struct("=IHBB")     # struct backend_key (both families)
-_SVC_VALUE = struct.Struct("=IHHBBHIHH")  # struct svc_value (both families)
+_MAGLEV_KEY = struct.Struct("=IHBB")      # struct maglev_key
+_SVC_VALUE = struct.Struct("=IHHBBHIHHII")  # struct svc_value (both families)
+_SVC_WORDS = _SVC_VALUE.size // 4
+
+
+def slot_tag(svc_id: int, gen: int) -> int:
+    """struct backend.tag of the slots of a set of ``svc_id`` in generation ``gen``
+    (maps.h KXLB_SLOT_TAG)."""
+    return ((svc_id << 1) | gen) & 0xffff
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ class ServiceState:
     gen: int
     spec: LbService
     tables: tuple[int, int] = (0, 0)   # Maglev table sizes (M) of the cluster and local sets
+    runs: tuple[int, int] = (0, 0)     # first backend slot of each set's run (maps.h svc_value.slots)
 
     @property
     def backends(self) -> tuple[Backend, ...]:
@@ -60,14 +69,13 @@ def validate_backends(key: ServiceKey, backends: Iterable[Backend]) -> tuple[Bac
     return LbService.simple(key, backends).validate(MAX_PER_SVC).cluster
 
 
-# backend_map and maglev_map keys (struct backend_key, struct maglev_key) are both
-# (svc_id u32, index u16, gen u8, set u8): the (index, gen, set) tails are packed once,
-# and a set's keys are then one bytes.join (svc_id as the separator), not a pack per
-# slot or chunk.
+# maglev_map keys (struct maglev_key) are (svc_id u32, chunk u16, gen u8, set u8): the
+# (chunk, gen, set) tails are packed once, and a set's keys are then one bytes.join
+# (svc_id as the separator), not a pack per chunk.
 # Packed as far as the largest set written so far needs (a 65,520-slot set is rare: its
 # tails are not kept by every controller).
 _KEY_TAILS: dict[tuple[int, int], list[bytes]] = {(g, st): [] for g in (0, 1) for st in SETS}
-_PORT_PAD: dict[int, bytes] = {}
+_PORT_BYTES: dict[int, bytes] = {}
 
 
 def _keys(sid: bytes, gen: int, set_: int, n: int) -> bytes:
@@ -79,20 +87,23 @@ def _keys(sid: bytes, gen: int, set_: int, n: int) -> bytes:
     return sid + sid.join(tails[:n])
 
 
-def _pack_slots(svc_id: int, gen: int, spec: LbService, tables: tuple[int, int]) -> tuple[bytes, bytes, bytes, bytes, int]:
-    """Both sets' backend_map slots and maglev_map chunks, packed as maps.h lays them out:
-    (slot keys, slot values, chunk keys, chunk values, chunk count)."""
+def _pack_slots(svc_id: int, gen: int, spec: LbService, tables: tuple[int, int],
+                runs: tuple[int, int]) -> tuple[bytes, bytes, bytes, bytes, int]:
+    """Both sets' backend_map slots (their runs from ``runs``) and maglev_map chunks,
+    packed as maps.h lays them out: (slot keys, slot values, chunk keys, chunk values,
+    chunk count)."""
     sid = struct.pack("=I", svc_id)
     fam = spec.key.family
-    pton, pads = fam.pton, _PORT_PAD
+    pton, ports = fam.pton, _PORT_BYTES
+    tag = struct.pack("=H", slot_tag(svc_id, gen))
     slot_keys, slot_vals, table_keys, table_vals = [], [], [], []
     n_chunks = 0
-    for set_, backends, m in zip(SETS, (spec.cluster, spec.local), tables):
+    for set_, backends, m, base in zip(SETS, (spec.cluster, spec.local), tables, runs):
         if not backends:
             continue
-        vals = b"".join([pton(b.addr) + (pads.get(b.port) or pads.setdefault(b.port, b.port.to_bytes(2, "big") + b"\0\0"))
+        vals = b"".join([pton(b.addr) + (ports.get(b.port) or ports.setdefault(b.port, b.port.to_bytes(2, "big"))) + tag
                          for b in backends])
-        slot_keys.append(_keys(sid, gen, set_, len(backends)))
+        slot_keys.append(array.array("I", range(base, base + len(backends))).tobytes())
         slot_vals.append(vals)
         if m:
             nc = maglev.n_chunks(m)
@@ -102,9 +113,10 @@ def _pack_slots(svc_id: int, gen: int, spec: LbService, tables: tuple[int, int])
     return b"".join(slot_keys), b"".join(slot_vals), b"".join(table_keys), b"".join(table_vals), n_chunks
 
 
-def _svc_value(spec: LbService, kind: Kind, svc_id: int, gen: int, tables: tuple[int, int]) -> bytes:
+def _svc_value(spec: LbService, kind: Kind, svc_id: int, gen: int, tables: tuple[int, int],
+               runs: tuple[int, int]) -> bytes:
     return _SVC_VALUE.pack(svc_id, len(spec.cluster), len(spec.local), gen, int(kind), spec.flags_for(kind),
-                           spec.affinity_s, *tables)
+                           spec.affinity_s, *tables, *runs)
 
 
 def _svc_key(key: ServiceKey) -> bytes:
@@ -121,7 +133,6 @@ def _marker_key(vip: str):
 class _MapUsage:
     """Entries in one family's maps a table write can fill (their capacity is checked
     before one). The Maglev table map and the service ids are shared by the families."""
-    slots: int = 0    # backends
     entries: int = 0  # services: frontends and markers
     ranges: int = 0   # loadBalancerSourceRanges
 
@@ -137,17 +148,21 @@ def _write_error(exc: OSError, what: str, map_name: str) -> KxlbError:
 
 def _state_of(svc_id: int, entries: list[tuple[ServiceKey, SvcValue]], slots, chunks,
               ranges: Iterable[str]) -> ServiceState:
-    """A service port from its frontends' entries, ``slots(gen, set)`` (slot -> backend) and
-    ``chunks(gen, set)`` (Maglev chunks present). A set whose table is incomplete reads as
-    empty (broken), so a reconcile rewrites it."""
+    """A service port from its frontends' entries, ``slots(base, n, tag)`` (the backends of
+    a run, None for a slot not the set's) and ``chunks(gen, set)`` (Maglev chunks present). A
+    set whose table or slots are incomplete reads as empty (broken), so a reconcile
+    rewrites it."""
     entries = sorted(entries, key=lambda e: (e[1].kind != Kind.CLUSTER_IP, e[0]))
     key, v = entries[0]  # _primary
+    tag = slot_tag(svc_id, v.gen)
 
     def backends(set_: int, n: int, m: int) -> tuple[Backend, ...]:
-        got = slots(v.gen, set_)
+        if not n:
+            return ()
         if n > 1 and (not m or chunks(v.gen, set_) != maglev.n_chunks(m)):
             return ()
-        return tuple(got[i] for i in range(n) if i in got)
+        got = slots(v.local_slots if set_ == SETS[1] else v.slots, n, tag)
+        return () if None in got else tuple(got)
     ext = entries[1:]
     spec = LbService(
         key=key, cluster=backends(SETS[0], v.count, v.table_size),
@@ -159,7 +174,30 @@ def _state_of(svc_id: int, entries: list[tuple[ServiceKey, SvcValue]], slots, ch
         affinity_s=v.affinity_s if v.flags & C["SVC_F_AFFINITY"] else 0,
         source_ranges=tuple(ranges),
     ).canonical()
-    return ServiceState(key, svc_id, v.gen, spec, (v.table_size, v.local_table_size))
+    return ServiceState(key, svc_id, v.gen, spec, (v.table_size, v.local_table_size), (v.slots, v.local_slots))
+
+
+class _RunReader:
+    """The backends of runs of one family's backend array: from the array's values read
+    from index 0 (``source`` bytes: a full scan), or looked up (``source`` the map).
+    Called as (first slot, slots, tag): one Backend per slot, None for a slot that is not
+    the set's (another tag, never written, past the array)."""
+
+    def __init__(self, fam: Family, source):
+        self.fam, self.source = fam, source
+        self.zero = bytes(fam.addr_len)
+
+    def __call__(self, base: int, n: int, tag: int) -> list[Backend | None]:
+        size = self.fam.backend.size
+        if isinstance(self.source, bytes):
+            raw = self.source[base * size:(base + n) * size]
+        else:
+            raw = self.source.values_raw(base, n) if base + n <= self.source.max_entries else b""
+        if base == 0 or len(raw) != n * size:
+            return [None] * n
+        ntop, zero = self.fam.ntop, self.zero
+        return [Backend(ntop(addr), int.from_bytes(port, "big")) if t == tag and addr != zero else None
+                for addr, port, t in self.fam.backend.iter_unpack(raw)]
 
 
 _ABSENT = object()
@@ -208,12 +246,23 @@ class _Frontends:
         self.fam = fam
         keys, vals, self.n = fam.map(maps, "services").items_raw()
         self._keys, self._vals = keys, vals
-        words = array.array("I", vals)           # struct svc_value is five 32-bit words
-        self._ids = words[0::5]
-        self._kinds = [(w >> 8) & 0xff for w in words[2::5]]
+        words = array.array("I", vals)           # struct svc_value: 32-bit words
+        self._words = words
+        self._ids = words[0::_SVC_WORDS]
+        self._kinds = [(w >> 8) & 0xff for w in words[2::_SVC_WORDS]]
 
     def ids(self) -> set[int]:
         return {i for i, k in zip(self._ids, self._kinds) if k != MARKER}
+
+    def runs(self) -> set[tuple[int, int]]:
+        """(first slot, slots) of every backend set a frontend names."""
+        w, out = self._words, set()
+        for i, kind in enumerate(self._kinds):
+            if kind != MARKER:
+                sizes = w[i * _SVC_WORDS + 1]
+                out.add((w[i * _SVC_WORDS + 5], sizes & 0xffff))
+                out.add((w[i * _SVC_WORDS + 6], sizes >> 16))
+        return out
 
     def raw_entry(self, i: int) -> tuple[Family, bytes, int, int]:
         """Entry i as (family, packed key, kind, svc_id)."""
@@ -343,6 +392,7 @@ class ServiceTable:
         self._owner: dict[ServiceKey, ServiceKey] = {}     # frontend -> primary key
         self._ids: set[int] = set()
         self._used = {fam: _MapUsage() for fam in FAMILIES}
+        self._runs: dict[Family, SlotRuns] = {}      # each family's backend slot allocator
         self._vip_users: Counter[str] = Counter()   # cluster IP -> service ports on it (markers)
 
     @property
@@ -352,12 +402,27 @@ class ServiceTable:
         return sum(map(self.slots_used_by, FAMILIES))
 
     def slots_used_by(self, fam: Family) -> int:
-        """Backend slots in one family's map."""
-        return self._used[fam].slots if self._states is not None else 0
+        """Backend slots in use in one family's array (runs freed within their quarantine
+        included)."""
+        return self._runs[fam].used if self._states is not None and fam in self._runs else 0
+
+    def _slot_runs(self, fam: Family) -> SlotRuns:
+        """The family's slot allocator; a keyed writer builds it from the frontend map on
+        first use (every run a frontend names is taken)."""
+        if fam not in self._runs:
+            self.states  # load the record
+            if fam not in self._runs:
+                assert self._keyed is not None
+                self._runs[fam] = self._new_runs(fam, self._keyed.frontends(fam).runs())
+        return self._runs[fam]
+
+    def _new_runs(self, fam: Family, used: Iterable[tuple[int, int]]) -> SlotRuns:
+        return SlotRuns(fam.map(self.maps, "backends").max_entries, used, what=f"backend{fam.suffix}")
 
     def forget(self) -> None:
         """Re-read the maps on next use."""
         self._states = None
+        self._runs.clear()
 
     forget_counts = forget
 
@@ -375,6 +440,7 @@ class ServiceTable:
 
     def _index(self) -> None:
         self._keyed = _KeyedIndex(self, self.bitmap)
+        self._runs.clear()
         self._states = _Lazy(self._keyed.state)
         self._owner = _Lazy(self._keyed.owner)
         self._vip_users = Counter()
@@ -386,8 +452,9 @@ class ServiceTable:
 
     def reload(self) -> dict[ServiceKey, ServiceState]:
         """Read the maps and take what they hold as the record; returns what was read."""
-        actual, usage, chunks = self._scan()
+        actual, usage, chunks, runs = self._scan()
         self._adopt(actual, usage, chunks)
+        self._runs = {fam: self._new_runs(fam, runs[fam]) for fam in FAMILIES}
         if self.bitmap is not None:
             self.bitmap.rebuild(self._ids)  # the ids just read are the truth
         return actual
@@ -437,32 +504,35 @@ class ServiceTable:
         """Every service port in the maps, rebuilt from the maps alone."""
         return self._scan()[0]
 
-    def _scan(self) -> tuple[dict[ServiceKey, ServiceState], dict[Family, _MapUsage], int]:
+    def _scan(self) -> tuple[dict[ServiceKey, ServiceState], dict[Family, _MapUsage], int,
+                             dict[Family, set[tuple[int, int]]]]:
         """One pass over the maps: the service ports they hold, how full each family's
-        maps are, and the Maglev chunks in use."""
+        maps are, the Maglev chunks in use, and the backend runs frontends name."""
         chunks: Counter[tuple[int, int, int]] = Counter((k.svc_id, k.gen, k.set) for k in self.maps.maglev.keys())
         usage: dict[Family, _MapUsage] = {}
+        runs: dict[Family, set[tuple[int, int]]] = {}
         out: dict[ServiceKey, ServiceState] = {}
         for fam in FAMILIES:
-            usage[fam] = self._scan_family(fam, chunks, out)
-        return out, usage, sum(chunks.values())
+            usage[fam], runs[fam] = self._scan_family(fam, chunks, out)
+        return out, usage, sum(chunks.values()), runs
 
     def _scan_family(self, fam: Family, chunks: Counter[tuple[int, int, int]],
-                     out: dict[ServiceKey, ServiceState]) -> _MapUsage:
-        slots: dict[tuple[int, int, int], dict[int, Backend]] = {}
-        # Unpacked with struct, not a ctypes object per entry: 20k services hold ~200k slots.
-        keys, vals, n_slots = fam.map(self.maps, "backends").items_raw()
-        ntop = fam.ntop
-        for (svc_id, slot, gen, set_), (addr, port) in zip(_BACKEND_KEY.iter_unpack(keys),
-                                                           fam.backend_read.iter_unpack(vals)):
-            slots.setdefault((svc_id, gen, set_), {})[slot] = Backend(ntop(addr), port)
+                     out: dict[ServiceKey, ServiceState]) -> tuple[_MapUsage, set[tuple[int, int]]]:
         ranges = self._ranges(fam)
         by_id, n_entries = self._frontends_by_id(fam)
+        runs = {(base, n) for entries in by_id.values() for _, v in entries
+                for base, n in ((v.slots, v.count), (v.local_slots, v.local_count)) if n}
+        # The array read once, up to the last slot any run uses, in batches (not a lookup
+        # per slot: 20k services hold ~200k slots).
+        end = max((b + n for b, n in runs), default=0)
+        backends = fam.map(self.maps, "backends")
+        raw = backends.values_raw(0, min(end, backends.max_entries))
+        reader = _RunReader(fam, raw)
         for svc_id, entries in by_id.items():
-            st = _state_of(svc_id, entries, lambda g, set_: slots.get((svc_id, g, set_), {}),
-                           lambda g, set_: chunks[(svc_id, g, set_)], ranges.get(svc_id, ()))
+            st = _state_of(svc_id, entries, reader, lambda g, set_: chunks[(svc_id, g, set_)],
+                           ranges.get(svc_id, ()))
             out[st.key] = st
-        return _MapUsage(slots=n_slots, entries=n_entries, ranges=sum(map(len, ranges.values())))
+        return _MapUsage(entries=n_entries, ranges=sum(map(len, ranges.values()))), runs
 
     def _frontends_by_id(self, fam: Family) -> tuple[dict[int, list[tuple[ServiceKey, SvcValue]]], int]:
         """One family's frontends by service id, and the entries of its map (markers too)."""
@@ -502,9 +572,8 @@ class ServiceTable:
         v = fam.map(self.maps, "services").get(key.to_c())
         if v is None or v.kind != Kind.CLUSTER_IP:
             return None
-        backends = fam.map(self.maps, "backends")
-        bs = (backends.get(BackendKey(svc_id=v.svc_id, slot=i, gen=v.gen, set=SETS[0])) for i in range(v.count))
-        return tuple(Backend.from_c(b) for b in bs if b is not None)
+        got = _RunReader(fam, fam.map(self.maps, "backends"))(v.slots, v.count, slot_tag(v.svc_id, v.gen))
+        return tuple(b for b in got if b is not None)
 
     # --- drift checks a piece at a time (controller/sweep.py) -----------------------------
     def drifted(self, keys: Iterable[ServiceKey]) -> list[ServiceKey]:
@@ -573,11 +642,7 @@ class ServiceTable:
     def _read_ids(self, fam: Family, by_id: dict[int, list[tuple[ServiceKey, SvcValue]]]) -> list[ServiceState]:
         """Service ports from their frontends' entries, their slots and tables read with
         direct lookups (no scan of the backend and Maglev maps)."""
-        backends = fam.map(self.maps, "backends")
-
-        def slots(svc_id: int, g: int, set_: int, n: int) -> dict[int, Backend]:
-            got = {i: backends.get(BackendKey(svc_id=svc_id, slot=i, gen=g, set=set_)) for i in range(n)}
-            return {i: Backend.from_c(b) for i, b in got.items() if b is not None}
+        reader = _RunReader(fam, fam.map(self.maps, "backends"))
 
         def chunks(svc_id: int, g: int, set_: int) -> int:
             n = 0
@@ -587,10 +652,8 @@ class ServiceTable:
         ranges = self._ranges(fam) if by_id else {}
         out = []
         for svc_id, entries in by_id.items():
-            v = _primary(entries)[1]
-            sizes = {SETS[0]: v.count, SETS[1]: v.local_count}
-            out.append(_state_of(svc_id, entries, lambda g, set_: slots(svc_id, g, set_, sizes[set_]),
-                                 lambda g, set_: chunks(svc_id, g, set_), ranges.get(svc_id, ())))
+            out.append(_state_of(svc_id, entries, reader, lambda g, set_: chunks(svc_id, g, set_),
+                                 ranges.get(svc_id, ())))
         return out
 
     # --- writing ------------------------------------------------------------------------
@@ -608,9 +671,9 @@ class ServiceTable:
             raise KxlbError(f"service map full: {len(self._ids)} of {capacity - 1} service ports used, "
                             f"{services} more needed")
         used, v6 = self._used[fam], fam.suffix
-        backends, svcs = fam.map(self.maps, "backends"), fam.map(self.maps, "services")
-        if used.slots + slots > backends.max_entries:
-            raise KxlbError(f"backend{v6} map full: {used.slots} of {backends.max_entries} slots "
+        svcs, runs = fam.map(self.maps, "services"), self._slot_runs(fam)
+        if slots > runs.free:
+            raise KxlbError(f"backend{v6} map full: {runs.used} of {runs.capacity - 1} slots "
                             f"used, {slots} more needed")
         if self._chunks_used + chunks > self.maps.maglev.max_entries:
             raise KxlbError(f"Maglev table map full: {self._chunks_used} of {self.maps.maglev.max_entries} chunks "
@@ -673,10 +736,22 @@ class ServiceTable:
             raise _write_error(exc, f"service {specs[0].label}: writing the address filters failed",
                                "address filter") from None
 
-    def _write_slots(self, spec: LbService, svc_id: int, gen: int, tables: tuple[int, int]) -> None:
-        """Both sets' slots and Maglev tables under ``gen``."""
+    def _alloc_runs(self, spec: LbService) -> tuple[int, int]:
+        """Free runs of the backend array for both sets of ``spec`` (0 for an empty set)."""
+        runs = self._slot_runs(spec.key.family)
+        first = runs.alloc(len(spec.cluster)) if spec.cluster else 0
+        try:
+            return first, runs.alloc(len(spec.local)) if spec.local else 0
+        except KxlbError:
+            runs.free_run(first, len(spec.cluster))
+            raise
+
+    def _write_slots(self, spec: LbService, svc_id: int, gen: int, tables: tuple[int, int]) -> tuple[int, int]:
+        """Both sets' slots, in runs allocated now, and Maglev tables under ``gen``;
+        returns the runs."""
         self._note((spec,), fronts=False)
-        keys, vals, tkeys, tvals, nt = _pack_slots(svc_id, gen, spec, tables)
+        runs = self._alloc_runs(spec)
+        keys, vals, tkeys, tvals, nt = _pack_slots(svc_id, gen, spec, tables, runs)
         n = len(spec.cluster) + len(spec.local)
         fam = spec.key.family
         for name, m, k, v, count in (("backend", fam.map(self.maps, "backends"), keys, vals, n),
@@ -684,33 +759,30 @@ class ServiceTable:
             try:
                 m.put_many_raw(k, v, count)
             except OSError as exc:
-                self._delete_slots(spec, svc_id, gen, tables, written=False)
+                self._delete_slots(spec, svc_id, gen, tables, runs, written=False)
                 raise _write_error(exc, f"service {spec.label}: writing backends failed", name) from None
-        self._used[fam].slots += n
         self._chunks_used += nt
+        return runs
 
     def _delete_slots(self, spec: LbService, svc_id: int, gen: int, tables: tuple[int, int],
-                      written: bool = True) -> None:
-        gone = chunks_gone = 0
-        fam = spec.key.family
-        backends = fam.map(self.maps, "backends")
-        for set_, bs, m in zip(SETS, (spec.cluster, spec.local), tables):
-            # Last slot first: a delete killed half way leaves a prefix, as a killed
-            # write does, which is what the journal's repair probes (loader/journal.py).
-            for i in reversed(range(len(bs))):
-                gone += backends.delete(BackendKey(svc_id=svc_id, slot=i, gen=gen, set=set_))
+                      runs: tuple[int, int], written: bool = True) -> None:
+        """A generation's tables go; its runs are freed (reused after their quarantine:
+        loader/slots.py), their slots left as they are until then."""
+        chunks_gone = 0
+        slot_runs = self._slot_runs(spec.key.family)
+        for set_, bs, m, base in zip(SETS, (spec.cluster, spec.local), tables, runs):
+            slot_runs.free_run(base, len(bs))
             for i in range(maglev.n_chunks(m)):
                 chunks_gone += self.maps.maglev.delete(MaglevKey(svc_id=svc_id, chunk=i, gen=gen, set=set_))
         if written:
-            self._used[fam].slots -= gone
             self._chunks_used -= chunks_gone
 
     def _write_entries(self, spec: LbService, svc_id: int, gen: int, tables: tuple[int, int],
-                       flags: int = bpfsys.BPF_ANY) -> None:
+                       runs: tuple[int, int], flags: int = bpfsys.BPF_ANY) -> None:
         self._note((spec,), backends=False)  # the slots it names were noted when written
         fes = spec.all_frontends
         spec.key.family.map(self.maps, "services").put_many_raw(b"".join(_svc_key(fe.key) for fe in fes),
-                                        b"".join(_svc_value(spec, fe.kind, svc_id, gen, tables) for fe in fes),
+                                        b"".join(_svc_value(spec, fe.kind, svc_id, gen, tables, runs) for fe in fes),
                                         len(fes), flags)
 
     def _put_ranges(self, fam: Family, svc_id: int, cidrs: Iterable[str]) -> None:
@@ -779,41 +851,41 @@ class ServiceTable:
     def _update(self, cur: ServiceState, spec: LbService, tables: tuple[int, int], sets_changed: bool,
                 new_ranges: set[str], added_entries: int) -> ServiceState:
         old, fam = cur.spec, spec.key.family
-        svc_id, gen = cur.svc_id, cur.gen
+        svc_id, gen, runs = cur.svc_id, cur.gen, cur.runs
         if sets_changed:
             gen = 1 - cur.gen
-            self._write_slots(spec, svc_id, gen, tables)       # 1. invisible new generation
+            runs = self._write_slots(spec, svc_id, gen, tables)  # 1. invisible new generation
         try:
             self._put_ranges(fam, svc_id, new_ranges)
         except OSError as exc:
             self._delete_ranges(fam, svc_id, new_ranges)
             if sets_changed:
-                self._delete_slots(spec, svc_id, gen, tables)
+                self._delete_slots(spec, svc_id, gen, tables, runs)
             raise _write_error(exc, f"service {spec.label}: writing source ranges failed", "source range") from None
         gone = {fe.key for fe in old.frontends} - {fe.key for fe in spec.frontends}
         for k in gone:                                         # 2a. frontends that went
             fam.map(self.maps, "services").delete(k.to_c())
         try:
-            self._write_entries(spec, svc_id, gen, tables)     # 2b. every frontend flips at once
+            self._write_entries(spec, svc_id, gen, tables, runs)  # 2b. every frontend flips at once
         except OSError as exc:
             try:
-                self._write_entries(old, svc_id, cur.gen, cur.tables)
+                self._write_entries(old, svc_id, cur.gen, cur.tables, cur.runs)
             except OSError:
                 pass
             if sets_changed:
-                self._delete_slots(spec, svc_id, gen, tables)
+                self._delete_slots(spec, svc_id, gen, tables, runs)
             self._forget_state(cur)
             self._states = None                                # unknown now: re-read next time
             raise _write_error(exc, f"service {spec.label}: switching to the new frontends/backends failed",
                                "frontend") from None
         self._used[fam].entries += added_entries
         if sets_changed:
-            self._delete_slots(old, svc_id, cur.gen, cur.tables)  # 3. the old generation goes
+            self._delete_slots(old, svc_id, cur.gen, cur.tables, cur.runs)  # 3. the old generation goes
         self._delete_ranges(fam, svc_id, set(old.source_ranges) - set(spec.source_ranges))
         if old.affinity_s and (not spec.affinity_s or sets_changed):
             self._forget_affinity(fam, svc_id, (set(spec.cluster), set(spec.local)) if spec.affinity_s else None)
         self._forget_state(cur)
-        st = ServiceState(spec.key, svc_id, gen, spec, tables)
+        st = ServiceState(spec.key, svc_id, gen, spec, tables, runs)
         self._remember(st)
         return st
 
@@ -830,17 +902,17 @@ class ServiceTable:
         fam = spec.key.family
         # 1. fresh counters, 2. slots and ranges, 3. the entries that make them reachable.
         self.maps.svc_stats.put(ctypes.c_uint32(svc_id), SvcCounters())
-        self._write_slots(spec, svc_id, 0, tables)
+        runs = self._write_slots(spec, svc_id, 0, tables)
         try:
             self._put_ranges(fam, svc_id, spec.source_ranges)
-            self._write_entries(spec, svc_id, 0, tables, bpfsys.BPF_NOEXIST)
+            self._write_entries(spec, svc_id, 0, tables, runs, bpfsys.BPF_NOEXIST)
         except OSError as exc:
             for fe in spec.all_frontends:
                 fam.map(self.maps, "services").delete(fe.key.to_c())
-            self._delete_slots(spec, svc_id, 0, tables)
+            self._delete_slots(spec, svc_id, 0, tables, runs)
             self._delete_ranges(fam, svc_id, spec.source_ranges)
             raise _write_error(exc, f"service {spec.label}: writing the service entries failed", "frontend") from None
-        st = ServiceState(spec.key, svc_id, 0, spec, tables)
+        st = ServiceState(spec.key, svc_id, 0, spec, tables, runs)
         self._use_id(svc_id, True)
         self._used[fam].entries += len(spec.all_frontends)
         self._remember(st)
@@ -888,14 +960,21 @@ class ServiceTable:
         """add_many's writes for the (checked) service ports of one family."""
         services = fam.map(self.maps, "services")
         free = iter(self._free_ids(len(checked)))
-        states = [ServiceState(s.key, next(free), 0, s, t) for s, t in zip(checked, tables)]
+        states = []
+        try:
+            for s, t in zip(checked, tables):
+                states.append(ServiceState(s.key, next(free), 0, s, t, self._alloc_runs(s)))
+        except KxlbError:
+            for st in states:
+                self._delete_slots(st.spec, st.svc_id, 0, (0, 0), st.runs, written=False)
+            raise
         # Packed with struct, not one ctypes object per entry: a full sync writes ~100k.
         svc_keys, svc_vals = [], []
         for st in states:
             for fe in st.spec.all_frontends:
                 svc_keys.append(_svc_key(fe.key))
-                svc_vals.append(_svc_value(st.spec, fe.kind, st.svc_id, 0, st.tables))
-        n_chunks = n_slots = 0
+                svc_vals.append(_svc_value(st.spec, fe.kind, st.svc_id, 0, st.tables, st.runs))
+        n_chunks = 0
         self._note(checked)
         try:
             # Fresh counters for ids a deleted service may have used, then slots, ranges, entries.
@@ -906,7 +985,7 @@ class ServiceTable:
             batch: list[tuple[bytes, bytes, bytes, bytes, int]] = []
             pending_slots = pending_chunks = 0
             for i, st in enumerate(states):
-                batch.append(_pack_slots(st.svc_id, 0, st.spec, st.tables))
+                batch.append(_pack_slots(st.svc_id, 0, st.spec, st.tables, st.runs))
                 pending_slots += len(st.spec.cluster) + len(st.spec.local)
                 pending_chunks += batch[-1][4]
                 if pending_chunks >= 4096 or i == len(states) - 1:
@@ -914,7 +993,6 @@ class ServiceTable:
                     fam.map(self.maps, "backends").put_many_raw(b"".join(sk), b"".join(sv), pending_slots)
                     self.maps.maglev.put_many_raw(b"".join(tk), b"".join(tv), pending_chunks)
                     n_chunks += pending_chunks
-                    n_slots += pending_slots
                     batch, pending_slots, pending_chunks = [], 0, 0
             for st in states:
                 self._put_ranges(fam, st.svc_id, st.spec.source_ranges)
@@ -923,11 +1001,10 @@ class ServiceTable:
             for st in states:
                 for fe in st.spec.all_frontends:
                     services.delete(fe.key.to_c())
-                self._delete_slots(st.spec, st.svc_id, 0, st.tables, written=False)
+                self._delete_slots(st.spec, st.svc_id, 0, st.tables, st.runs, written=False)
                 self._delete_ranges(fam, st.svc_id, st.spec.source_ranges)
             raise MapWriteError(f"adding {len(states)} {fam.name} services failed: {exc}") from None
         used = self._used[fam]
-        used.slots += n_slots
         self._chunks_used += n_chunks
         used.entries += len(svc_keys)
         new_vips = {st.key.vip for st in states} - set(self._vip_users)
@@ -963,7 +1040,7 @@ class ServiceTable:
         self._use_id(cur.svc_id, False)
         self.maps.svc_stats.delete(ctypes.c_uint32(cur.svc_id))  # its memory (maps.h svc_stats)
         self._sync_marker(key.vip)
-        self._delete_slots(cur.spec, cur.svc_id, cur.gen, cur.tables)
+        self._delete_slots(cur.spec, cur.svc_id, cur.gen, cur.tables, cur.runs)
         self._delete_ranges(fam, cur.svc_id, cur.spec.source_ranges)
         if cur.spec.affinity_s:
             self._forget_affinity(fam, cur.svc_id, None)

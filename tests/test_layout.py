@@ -66,24 +66,24 @@ def test_bulk_packing_matches_the_ctypes_mirrors(vip, backend):
     each family's structs."""
     import socket
     from kxlb.loader import services as sv
-    from kxlb.loader.layout import Backend, BackendKey, MaglevKey, ServiceKey, SvcValue, family_of
+    from kxlb.loader.layout import Backend, MaglevKey, ServiceKey, SvcValue, family_of
 
     fam = family_of(vip)
     b, k = Backend(backend, 8080), ServiceKey(vip, 53, 17)
     raw_b, raw_vip = socket.inet_pton(fam.af, backend), socket.inet_pton(fam.af, vip)
     assert fam.backend.pack(raw_b, (8080).to_bytes(2, "big"), 0) == bytes(b.to_c())
+    assert fam.backend.pack(raw_b, (8080).to_bytes(2, "big"), 0x1234) == bytes(
+        fam.BackendValue(addr=fam.addr_c(backend), port=b.to_c().port, tag=0x1234))
     assert fam.backend.size == ctypes.sizeof(fam.BackendValue)
-    assert sv._BACKEND_KEY.pack(7, 3, 1, 1) == bytes(BackendKey(svc_id=7, slot=3, gen=1, set=1))
     assert fam.svc_key.pack(raw_vip, (53).to_bytes(2, "big"), 17, 0) == bytes(k.to_c())
     assert sv._svc_key(k) == bytes(k.to_c())
     assert ServiceKey.from_c(k.to_c()) == k and Backend.from_c(b.to_c()) == b
-    assert sv._SVC_VALUE.pack(9, 4, 2, 1, 3, 0x0102, 600, 251, 1021) == bytes(
+    assert sv._SVC_VALUE.pack(9, 4, 2, 1, 3, 0x0102, 600, 251, 1021, 70000, 5) == bytes(
         SvcValue(svc_id=9, count=4, local_count=2, gen=1, kind=3, flags=0x0102, affinity_s=600, table_size=251,
-                 local_table_size=1021))
-    assert fam.backend_read.unpack(bytes(b.to_c())) == (raw_b, 8080)
-    # the (index, gen, set) tails joined with the svc_id: keys of both maps
+                 local_table_size=1021, slots=70000, local_slots=5))
+    # the (chunk, gen, set) tails joined with the svc_id: Maglev keys
     assert sv._keys(struct.pack("=I", 7), 1, 1, 35)[-8:] == bytes(MaglevKey(svc_id=7, chunk=34, gen=1, set=1))
-    assert sv._keys(struct.pack("=I", 7), 0, 0, 4)[:8] == bytes(BackendKey(svc_id=7, slot=0, gen=0, set=0))
+    assert sv._keys(struct.pack("=I", 7), 0, 0, 4)[:8] == bytes(MaglevKey(svc_id=7, chunk=0, gen=0, set=0))
 
 
 @pytest.mark.parametrize("family", ["ipv4", "ipv6"])
@@ -106,9 +106,16 @@ def test_a_full_syncs_packed_tables_are_the_maglev_modules_tables(family):
     local = cluster[:2]
     spec = LbService(key=key, cluster=cluster, local=local)
     m = (maglev.table_size(len(cluster)), maglev.table_size(len(local)))
-    slot_keys, slot_vals, table_keys, table_vals, n = sv._pack_slots(9, 1, spec, m)
-    assert slot_vals == b"".join(bytes(b.to_c()) for b in cluster + local)
-    assert len(slot_keys) == 8 * len(cluster + local)
+    slot_keys, slot_vals, table_keys, table_vals, n = sv._pack_slots(9, 1, spec, m, (1000, 77))
+    tag = sv.slot_tag(9, 1)
+    assert tag == 19
+    want = []
+    for b in cluster + local:
+        c = b.to_c()
+        c.tag = tag
+        want.append(bytes(c))
+    assert slot_vals == b"".join(want)
+    assert slot_keys == struct.pack(f"={len(cluster) + len(local)}I", *range(1000, 1000 + len(cluster)), 77, 78)
     assert n == maglev.n_chunks(m[0]) + maglev.n_chunks(m[1]) and len(table_keys) == 8 * n
     assert table_vals == b"".join(maglev.chunks(cluster, m[0]) + maglev.chunks(local, m[1]))
 
@@ -126,7 +133,7 @@ def test_every_pinned_map_matches_its_spec(dp, pin_dirs):
     _, maps = dp
     compile_sock(maps.pin_dir)  # the socket hooks' maps (sock_rev, sock_rev6) come from sock.c's build
     specs = datapath_specs()
-    assert {"services", "conntrack_v2", "masq_ports", "sock_rev", "tc_progs"} <= set(specs)
+    assert {"services_v2", "backends_v2", "conntrack_v2", "masq_ports", "sock_rev", "tc_progs"} <= set(specs)
     for pin, spec in specs.items():
         fd = bpfsys.obj_get(os.path.join(maps.pin_dir, pin))
         try:
