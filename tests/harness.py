@@ -135,6 +135,17 @@ print(flips, flush=True)
 """
 
 
+def clear_array(m) -> None:
+    """Zero every non-zero entry of an array map (read in batches, written in one)."""
+    import ctypes
+
+    size = ctypes.sizeof(m.value_t)
+    raw, zero = m.values_raw(0, m.max_entries), bytes(size)
+    dirty = [i for i in range(len(raw) // size) if raw[i * size:(i + 1) * size] != zero]
+    if dirty:
+        m.put_many_raw(b"".join(i.to_bytes(4, "little") for i in dirty), zero * len(dirty), len(dirty))
+
+
 @contextmanager
 def clean_table(maps, **table_options) -> Iterator:
     """A ServiceTable on a shared datapath (fixture ``dp``); afterwards every entry a test
@@ -146,11 +157,13 @@ def clean_table(maps, **table_options) -> Iterator:
     try:
         yield t
     finally:
-        for m in (maps.services, maps.backends, maps.maglev, maps.src_ranges, maps.conntrack, maps.frags,
-                  maps.affinity, maps.services6, maps.backends6, maps.src_ranges6, maps.conntrack6, maps.frags6,
+        for m in (maps.services, maps.maglev, maps.src_ranges, maps.conntrack, maps.frags,
+                  maps.affinity, maps.services6, maps.src_ranges6, maps.conntrack6, maps.frags6,
                   maps.affinity6):
             for k in list(m.keys()):
                 m.delete(k)
+        for m in (maps.backends, maps.backends6):  # arrays: their written slots zeroed
+            clear_array(m)
         for m in (maps.masq_ports, maps.masq_ports6):  # arrays: their claimed ways emptied
             for k, v in m.items():
                 if any(w.claim for w in v.way):

@@ -64,14 +64,19 @@ def test_a_deleted_frontend_a_deleted_port_and_a_deleted_marker_are_found(three,
 
 
 def test_a_missing_maglev_chunk_or_slot_is_found(three, dp):
-    from kxlb.loader.layout import BackendKey, MaglevKey
+    import ctypes
+
+    from kxlb.loader.layout import MaglevKey
 
     _, maps = dp
     st = three.get(B)
     maps.maglev.delete(MaglevKey(svc_id=st.svc_id, chunk=0, gen=st.gen, set=0))
     assert three.drifted([B]) == [B]
     st = three.get(A)
-    maps.backends.delete(BackendKey(svc_id=st.svc_id, slot=2, gen=st.gen, set=0))
+    idx = ctypes.c_uint32(st.runs[0] + 2)
+    slot = maps.backends.get(idx)
+    slot.tag ^= 1                      # the slot as another set's (the other generation's)
+    maps.backends.put(idx, slot)
     assert three.drifted([A, C6]) == [A]
 
 

@@ -106,7 +106,7 @@ def test_every_frontend_shares_one_svc_id_and_a_marker_guards_the_cluster_ip(tab
     assert marker is not None and marker.kind == C["KIND_MARKER"]
     table.delete(KEY)
     assert table.maps.services.get(ServiceKey(CIP, 0, 0).to_c()) is None
-    assert not list(table.maps.services.keys()) and not list(table.maps.backends.keys())
+    assert not list(table.maps.services.keys()) and not list(table.maps.maglev.keys())
 
 
 def test_a_frontend_owned_by_another_service_is_refused(table):

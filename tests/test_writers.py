@@ -13,10 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from kxlb.loader import datapath
-from kxlb.loader.layout import V4
+from kxlb.loader.layout import V4, port_to_raw
 from kxlb.loader.lock import WriterLock
 from kxlb.loader.maps import Maps
-from kxlb.loader.services import ServiceTable
+from kxlb.loader.services import ServiceTable, slot_tag
 
 
 def kxlb(pin_dir, *args, timeout=60):
@@ -49,6 +49,26 @@ def map_keys(pin, name):
 def services(pin):
     with Maps.open(pin) as maps:
         return ServiceTable(maps).read_all()
+
+
+def written_slots(pin) -> dict[int, tuple]:
+    """The IPv4 backend array's slots that hold anything: index -> (address, port, tag)."""
+    import ctypes
+
+    with Maps.open(pin) as maps:
+        m = maps.backends
+        size, raw = ctypes.sizeof(m.value_t), m.values_raw(0, m.max_entries)
+        zero = bytes(size)
+        return {i: (lambda v: (V4.c_addr(v.addr), v.port, v.tag))(m.value_t.from_buffer_copy(raw, i * size))
+                for i in range(len(raw) // size) if raw[i * size:(i + 1) * size] != zero}
+
+
+def slots_in_use(pin) -> int:
+    """Backend slots a fresh writer counts as taken (the runs frontends name)."""
+    with Maps.open(pin) as maps:
+        t = ServiceTable(maps)
+        t.reload()
+        return t.slots_used
 
 
 def test_four_shells_adding_services_at_once_get_one_id_each(pin):
@@ -129,16 +149,20 @@ BIG = [f"10.3.{i // 250}.{i % 250 + 1}:80" for i in range(600)]
 
 def test_an_add_killed_after_its_slots_leaves_nothing(pin):
     """Killed between writing 600 slots (and their Maglev table) and the frontends: the
-    next writer rolls the add back. Before the journal, the slots and chunks stayed for
-    ever, counted against the maps' capacity."""
+    next writer rolls the add back. Before the journal, the chunks stayed for ever,
+    counted against the map's capacity; the slots are a run no frontend names, free by
+    construction (loader/slots.py), and the next writer's run starts on them."""
     killed_at(pin, "put_many_raw", 3, "service", "add", "10.97.1.1:80/tcp", *BIG)  # slots, chunks, then killed
-    assert len(map_keys(pin, "backends")) == 600  # what the killed writer left
+    left = written_slots(pin)
+    assert sorted(left) == list(range(1, 601))  # what the killed writer left
     r = kxlb(pin, "service", "add", "10.97.1.2:80/tcp", "10.2.1.2:80")
     assert r.returncode == 0, r.stderr
     assert "repaired" in r.stderr
     got = services(pin)
     assert [str(k) for k in got] == ["10.97.1.2:80/tcp"]
-    assert len(map_keys(pin, "backends")) == 1
+    st = got[next(iter(got))]
+    assert st.runs[0] == 1 and written_slots(pin)[1] == ("10.2.1.2", port_to_raw(80), slot_tag(st.svc_id, st.gen))
+    assert slots_in_use(pin) == 1
     assert len(map_keys(pin, "maglev")) == 0  # a set of one has no table
     with Maps.open(pin) as maps:  # no marker left for the cluster IP that never came to be
         assert [V4.c_addr(k.vip) for k, v in maps.services.items()] .count("10.97.1.1") == 0
@@ -157,11 +181,12 @@ def test_a_set_backends_killed_half_way_leaves_one_complete_generation(pin, meth
     st = next(s for k, s in services(pin).items() if str(k) == "10.97.2.1:80/tcp")
     assert len(st.backends) in (20, 30)   # the old set (rolled back) or the new one (rolled forward)
     with Maps.open(pin) as maps:
-        gens = {v.gen for k, v in maps.services.items() if v.svc_id == st.svc_id}
-        assert gens == {st.gen}            # both frontends on one generation
-        slots = [k for k in maps.backends.keys() if k.svc_id == st.svc_id]
-        assert {k.gen for k in slots} == {st.gen} and len(slots) == len(st.backends)
+        values = [v for k, v in maps.services.items() if v.svc_id == st.svc_id]
+        assert {(v.gen, v.slots, v.count) for v in values} == {(st.gen, st.runs[0], len(st.backends))}  # one generation
         assert {k.gen for k in maps.maglev.keys() if k.svc_id == st.svc_id} == {st.gen}
+    slots = written_slots(pin)
+    assert {slots[st.runs[0] + i][2] for i in range(len(st.backends))} == {slot_tag(st.svc_id, st.gen)}
+    assert slots_in_use(pin) == len(st.backends) + 1
 
 
 def test_a_delete_killed_half_way_is_finished(pin):
@@ -169,20 +194,21 @@ def test_a_delete_killed_half_way_is_finished(pin):
     killed_at(pin, "delete", 2, "service", "del", "10.97.3.1:80/tcp")  # one frontend gone
     assert kxlb(pin, "service", "add", "10.97.3.2:80/tcp", "10.2.3.2:80").returncode == 0
     assert [str(k) for k in services(pin)] == ["10.97.3.2:80/tcp"]
-    assert len(map_keys(pin, "backends")) == 1 and map_keys(pin, "maglev") == []
+    assert slots_in_use(pin) == 1 and map_keys(pin, "maglev") == []
 
 
 def test_gc_removes_what_no_frontend_reaches(pin):
     """`kxlb gc`: a sweep of everything (a bulk write's repair, or orphans an older kxlb left)."""
     assert kxlb(pin, "service", "add", "10.97.4.1:80/tcp", *BIG[:20]).returncode == 0
-    with Maps.open(pin) as maps:  # orphans as kxlb 0.1 could leave them: a set no frontend names
+    with Maps.open(pin) as maps:  # orphans as a killed writer could leave them: a table no frontend names
         sid = next(iter(ServiceTable(maps).read_all().values())).svc_id
-        for k, v in list(maps.backends.items()):
+        chunks = list(maps.maglev.items())
+        for k, v in chunks:
             k.svc_id = sid + 1000
-            maps.backends.put(k, v)
-    assert len(map_keys(pin, "backends")) == 40
+            maps.maglev.put(k, v)
+    assert len(map_keys(pin, "maglev")) == 2 * len(chunks)
     r = kxlb(pin, "gc")
     assert r.returncode == 0, r.stderr
-    assert "20 orphaned backend slots" in r.stdout
-    assert len(map_keys(pin, "backends")) == 20
-    assert len(services(pin)) == 1
+    assert f"{len(chunks)} orphaned Maglev chunks" in r.stdout
+    assert len(map_keys(pin, "maglev")) == len(chunks)
+    assert len(services(pin)) == 1 and slots_in_use(pin) == 20
