@@ -295,12 +295,16 @@ def _copy(the_plan: Plan, staging: str, only_new: bool) -> list[str]:
             old = bpfsys.obj_get(m.source)
             fds.append(old)
             if m.converters:
-                targets = {}
+                targets, sources = {}, {}
                 for other in the_plan.maps:
                     fd = bpfsys.obj_get(os.path.join(staging, other.spec.pin))
                     fds.append(fd)
                     targets[migrate.SELF if other is m else other.spec.base] = migrate._RawMap(fd)
-                res = migrate.convert(old, migrate.Targets(targets, only_new), m.converters)
+                for other in the_plan.migrations:   # what the others convert from, for reading
+                    fd = bpfsys.obj_get(other.source)
+                    fds.append(fd)
+                    sources[other.spec.base] = migrate._RawMap(fd)
+                res = migrate.convert(old, migrate.Targets(targets, only_new, sources), m.converters)
             else:
                 new = bpfsys.obj_get(os.path.join(staging, m.spec.pin))
                 fds.append(new)

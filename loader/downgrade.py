@@ -29,8 +29,13 @@ from .registry import Registry
 OLD_SPECS = {  # (base, version): (type, key size, value size, flags, capacity from this build's)
     ("conntrack", 1): (MAP_TYPES["lru_hash"], 16, 48, 0, lambda records: 2 * records),
     ("conntrack6", 1): (MAP_TYPES["lru_hash"], 40, 96, 0, lambda records: 2 * records),
+    ("services", 1): (MAP_TYPES["hash"], 8, 24, 1, lambda n: n),          # BPF_F_NO_PREALLOC
+    ("services6", 1): (MAP_TYPES["hash"], 20, 24, 1, lambda n: n),
+    ("backends", 1): (MAP_TYPES["hash"], 8, 8, 1, lambda n: n),
+    ("backends6", 1): (MAP_TYPES["hash"], 8, 20, 1, lambda n: n),
 }
-"""How to make the older layouts' maps: layout 1 of conntrack kept two entries per flow."""
+"""How to make the older layouts' maps: layout 1 of conntrack kept two entries per flow;
+layout 1 of the slot maps was a hash keyed by (svc_id, slot, gen, set)."""
 
 STAGING = "downgrade"
 
@@ -79,11 +84,17 @@ def downgrade(pin_dir: str, release: str, wait: float = 0.0) -> Downgraded:
     with WriterLock(pin_dir).acquire(wait), Registry(pin_dir) as reg:
         with Maps.open(pin_dir) as maps:
             snat = ServiceTable(maps).read_config().snat_addrs
-        steps_down = downgrade_converters(snat)
+        steps_down = {**downgrade_converters(snat),
+                      **{k: v for k, v in migrate.CONVERTERS.items() if k[0].startswith(("services", "backends"))}}
         staging = os.path.join(pin_dir, STAGING)
         os.makedirs(staging, 0o700, exist_ok=True)
         made: list[tuple[str, str]] = []     # (staged pin, final name)
+        fds: list[int] = []
         try:
+            # First every older map, staged; then the conversions, each of which may write
+            # others' staged maps (services writes its family's slots) and read others' live
+            # ones (loader/svc_migrate.py).
+            todo = []
             for spec in datapath_specs().values():
                 if not spec.stateful or target.get(spec.base) == spec.version:
                     continue
@@ -99,18 +110,19 @@ def downgrade(pin_dir: str, release: str, wait: float = 0.0) -> Downgraded:
                     raise KxlbError(f"this kxlb cannot write {spec.base} in layout {tv} (release {release})")
                 mtype, ksize, vsize, flags, cap = OLD_SPECS[(spec.base, tv)]
                 fd = bpfsys.map_create(mtype, f"kxlb_{spec.base}"[:15], ksize, vsize, cap(spec.max_entries), flags)
+                fds.append(fd)
                 staged = os.path.join(staging, pin_name(spec.base, tv))
-                try:
-                    bpfsys.obj_pin(fd, staged)
-                    old = bpfsys.obj_get(live)
-                    try:
-                        res = migrate.convert(old, migrate.Targets({migrate.SELF: migrate._RawMap(fd)}, False),
-                                              chain)
-                    finally:
-                        os.close(old)
-                finally:
-                    os.close(fd)
+                bpfsys.obj_pin(fd, staged)
                 made.append((staged, os.path.join(pin_dir, pin_name(spec.base, tv))))
+                old = bpfsys.obj_get(live)
+                fds.append(old)
+                todo.append((spec, tv, chain, fd, old))
+            staged_maps = {spec.base: migrate._RawMap(fd) for spec, _, _, fd, _ in todo}
+            live_maps = {spec.base: migrate._RawMap(old) for spec, _, _, _, old in todo}
+            for spec, tv, chain, fd, old in todo:
+                maps_ = {**staged_maps, migrate.SELF: staged_maps[spec.base]}
+                del maps_[spec.base]
+                res = migrate.convert(old, migrate.Targets(maps_, False, live_maps), chain)
                 out.removed.append(spec.pin)
                 out.converted.append(f"{spec.base}: layout {spec.version} -> {tv} ({res.copied} entries"
                                      + (f", {res.failed} it cannot hold" if res.failed else "") + ")")
@@ -119,6 +131,9 @@ def downgrade(pin_dir: str, release: str, wait: float = 0.0) -> Downgraded:
                 os.unlink(staged)
             os.rmdir(staging)
             raise
+        finally:
+            for fd in fds:
+                os.close(fd)
         for staged, final in made:
             os.replace(staged, final)
         os.rmdir(staging)

@@ -137,8 +137,9 @@ class Targets:
     hash map), and an array entry is merged (``merge``: current bytes, converted bytes ->
     bytes to write)."""
 
-    def __init__(self, maps: dict[str, "_RawMap"], only_new: bool):
+    def __init__(self, maps: dict[str, "_RawMap"], only_new: bool, sources: dict[str, "_RawMap"] | None = None):
         self.maps, self.only_new = maps, only_new
+        self.sources = sources or {}   # the maps converted from, by base name (read only)
         self.result = CopyResult()
 
     def put(self, base: str, key: bytes, value: bytes, merge: Callable[[bytes, bytes], bytes] | None = None) -> None:
@@ -184,6 +185,7 @@ class _Held(Targets):
     def __init__(self, targets: Targets):
         self.targets, self.own = targets, []
         self.maps, self.only_new, self.result = targets.maps, targets.only_new, targets.result
+        self.sources = targets.sources
 
     def put(self, base, key, value, merge=None) -> None:
         if base == SELF:
@@ -213,3 +215,4 @@ def copy(old_fd: int, new_fd: int, only_new: bool) -> CopyResult:
 
 
 from . import ct_migrate  # noqa: E402,F401 (registers conntrack's converters: it imports this module)
+from . import svc_migrate  # noqa: E402,F401 (the same for services and backends)

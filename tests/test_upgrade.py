@@ -14,6 +14,7 @@ import sys
 import pytest
 
 import oldrelease
+from kxlb.lab.client import backends_answering
 from harness import Holder, add_tc_filter
 from kxlb.loader import bpfsys, datapath
 from kxlb.loader import compile as comp
@@ -94,12 +95,17 @@ def test_upgrade_from_the_previous_release_and_back_keeps_every_connection(netla
         r = ok(kxlb(pin, "load", "--netns", lab.node, *ifaces))              # upgrade
         assert "4 earlier attachments now run this build" in r.stdout, r.stdout
         assert "migrated conntrack: layout 1 -> 2" in r.stdout, r.stdout   # two entries a flow -> a record
+        assert "migrated services: layout 1 -> 2" in r.stdout, r.stdout    # slots: a hash -> runs of an array
         assert tc_prog(lab.node, "cli0") != before
         assert holder.ask("probe") == first
+        names = {f"be{i}" for i in range(3)}
+        assert backends_answering(lab.client, VIP, 80, names) == names     # new flows, from the converted slots
         r = ok(kxlb(pin, "downgrade", "--to", oldrelease.PREVIOUS))        # roll back: layout 1 again,
         assert "wrote conntrack: layout 2 -> 1" in r.stdout, r.stdout      # then the old release loads
+        assert "wrote services: layout 2 -> 1" in r.stdout, r.stdout
         ok(old_kxlb(old, pin, "load", "--netns", lab.node, *ifaces))
         assert holder.ask("probe") == first
+        assert backends_answering(lab.client, VIP, 80, names) == names
         r = ok(kxlb(pin, "load", "--netns", lab.node, *ifaces))              # and up again
         assert holder.ask("probe") == first
         stream = holder.ask("ping", "stop")
