@@ -94,11 +94,12 @@ def test_full_backend_map_is_refused_before_writing(pin):
     r = kxlb(pin, "service", "add", f"{VIP}:81/udp", *[f"10.1.1.{i}:80" for i in range(1, 6)])
     assert r.returncode == 1 and "backend map full" in r.stderr
     assert listing(pin) == before
-    # A swap needs room for both generations at once: 2 old + 4 new fits, 2 + 5 does not.
-    assert kxlb(pin, "service", "set-backends", f"{VIP}:80/tcp", *[f"10.1.1.{i}:80" for i in range(1, 5)]).returncode == 0
+    # A swap needs room for both generations at once. Slot 0 of the array is never used, so
+    # 5 of the 6 hold backends: 2 old + 3 new fits, 3 + 3 does not.
+    assert kxlb(pin, "service", "set-backends", f"{VIP}:80/tcp", *[f"10.1.1.{i}:80" for i in range(1, 4)]).returncode == 0
     r = kxlb(pin, "service", "set-backends", f"{VIP}:80/tcp", *[f"10.1.2.{i}:80" for i in range(1, 4)])
     assert r.returncode == 1 and "backend map full" in r.stderr
-    assert [b for s in listing(pin) for b in s["backends"]] == [f"10.1.1.{i}:80" for i in range(1, 5)]
+    assert [b for s in listing(pin) for b in s["backends"]] == [f"10.1.1.{i}:80" for i in range(1, 4)]
 
 
 def test_list_conntrack_and_stats_json(pin):
