@@ -404,7 +404,7 @@ class ServiceTable:
     def slots_used_by(self, fam: Family) -> int:
         """Backend slots in use in one family's array (runs freed within their quarantine
         included)."""
-        return self._runs[fam].used if self._states is not None and fam in self._runs else 0
+        return self._runs[fam].in_use if self._states is not None and fam in self._runs else 0
 
     def _slot_runs(self, fam: Family) -> SlotRuns:
         """The family's slot allocator; a keyed writer builds it from the frontend map on

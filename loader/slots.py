@@ -18,6 +18,7 @@ struct backend.tag), and a packet that finds another tag re-reads the frontend.
 from __future__ import annotations
 
 import bisect
+import itertools
 import time
 from typing import Callable, Iterable
 
@@ -58,6 +59,13 @@ class SlotRuns:
         self._lens.append(n)
 
     @property
+    def in_use(self) -> int:
+        """Slots of live runs, and of freed ones still in quarantine (at most QUARANTINE_S
+        old: the ones past it are released first)."""
+        self._release(self.clock())
+        return self.used
+
+    @property
     def quarantined(self) -> int:
         return sum(n for _, _, n in self._quarantine)
 
@@ -92,8 +100,7 @@ class SlotRuns:
         # from the array's start
         if i >= 0 and self._starts[i] + self._lens[i] - self._cursor >= n:
             return self._cursor
-        order = list(range(i + 1, len(self._starts))) + list(range(0, i + 1))
-        for j in order:
+        for j in itertools.chain(range(i + 1, len(self._starts)), range(0, i + 1)):
             if self._lens[j] >= n:
                 return self._starts[j]
         return None

@@ -52,7 +52,9 @@ def test_a_freed_run_waits_out_its_quarantine_and_is_joined_with_its_neighbours(
     r.free_run(a, 10)
     assert r.quarantined == 20 and r.used == 30
     assert r.alloc(9) == 31          # the only space out of quarantine
+    assert r.in_use == 39
     clock.now += slots.QUARANTINE_S
+    assert r.in_use == 19            # read without an allocation, the quarantine is over
     assert r.alloc(20) == 1          # a and b, joined into one run
     assert r.free_runs() == []
     assert r.used == 39
