@@ -387,3 +387,33 @@ def test_masquerade_port_collision_picks_another_port(hook, masquerade):
         back = eth(IP(src=p[IP].dst, dst=NODE_IP) / TCP(sport=8080, dport=p[TCP].sport, flags="SA"))
         r = Ether(hook.run(back)[1])
         assert (r[IP].src, r[IP].dst, r[TCP].dport) == (VIP, client, 40700)
+
+
+def test_a_run_given_to_another_set_is_never_read_as_this_ones(hook, table):
+    """Backend slots are runs of an array (maps.h backend_map): a run freed after a swap is
+    given to another set after its quarantine. A packet that still held the old entry then
+    finds the other set's tag in the slots, and re-reads the entry instead of sending the
+    new flow to the other service's backends."""
+    import ctypes
+
+    from kxlb.loader.services import slot_tag
+
+    st = table.get(TCP_SVC)
+    other = table.get(UDP_SVC)
+    slots = table.maps.backends
+    strangers = [Backend(f"10.9.0.{i}", 9090) for i in (1, 2, 3)]
+
+    def write(tag):
+        for i, b in enumerate(strangers):
+            c = b.to_c()
+            c.tag = tag
+            slots.put(ctypes.c_uint32(st.runs[0] + i), c)
+
+    write(slot_tag(other.svc_id, other.gen))          # the run is the UDP service's now
+    before = table.datapath_counters()["slot_retry"]
+    outs = [hook.run(syn(sport=43000 + i)) for i in range(20)]
+    assert all(v != hook.translated for v, _ in outs)
+    assert table.datapath_counters()["slot_retry"] - before == 20
+    write(slot_tag(st.svc_id, st.gen))                 # the same bytes under this set's tag are read
+    dsts = {Ether(hook.run(syn(sport=43100 + i))[1])[IP].dst for i in range(30)}
+    assert dsts == {b.addr for b in strangers}
