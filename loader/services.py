@@ -45,7 +45,7 @@ _SVC_WORDS = _SVC_VALUE.size // 4
 def slot_tag(svc_id: int, gen: int) -> int:
     """struct backend.tag of the slots of a set of ``svc_id`` in generation ``gen``
     (maps.h KXLB_SLOT_TAG)."""
-    return ((svc_id << 1) | gen) & 0xffff
+    return (((svc_id << 1) | gen) & 0xffff) | 0x8000
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,6 @@ class _RunReader:
 
     def __init__(self, fam: Family, source):
         self.fam, self.source = fam, source
-        self.zero = bytes(fam.addr_len)
 
     def __call__(self, base: int, n: int, tag: int) -> list[Backend | None]:
         size = self.fam.backend.size
@@ -195,8 +194,8 @@ class _RunReader:
             raw = self.source.values_raw(base, n) if base + n <= self.source.max_entries else b""
         if base == 0 or len(raw) != n * size:
             return [None] * n
-        ntop, zero = self.fam.ntop, self.zero
-        return [Backend(ntop(addr), int.from_bytes(port, "big")) if t == tag and addr != zero else None
+        ntop = self.fam.ntop
+        return [Backend(ntop(addr), int.from_bytes(port, "big")) if t == tag else None
                 for addr, port, t in self.fam.backend.iter_unpack(raw)]
 
 

@@ -108,7 +108,7 @@ def test_a_full_syncs_packed_tables_are_the_maglev_modules_tables(family):
     m = (maglev.table_size(len(cluster)), maglev.table_size(len(local)))
     slot_keys, slot_vals, table_keys, table_vals, n = sv._pack_slots(9, 1, spec, m, (1000, 77))
     tag = sv.slot_tag(9, 1)
-    assert tag == 19
+    assert tag == 0x8000 | 19 and sv.slot_tag(1 << 15, 0) == 0x8000   # never 0: a slot never written
     want = []
     for b in cluster + local:
         c = b.to_c()
