@@ -13,9 +13,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-RELEASES = {"0.1.0": "db118466673525bd41aa1ff52b33df9ccd810841"}
-PREVIOUS = "0.1.0"
-"""The release this one upgrades from (docs/operations.md, Upgrades)."""
+RELEASES = {"0.1.0": "db118466673525bd41aa1ff52b33df9ccd810841",
+            "0.2.0": "e7d273d4f5128765acdce3bffcf2b7c56c350ce5"}
+PREVIOUS = "0.2.0"
+"""The release this one upgrades from (docs/operations.md, Upgrades); every release in
+RELEASES is upgraded from and rolled back to by tests/test_upgrade.py."""
 
 RUN = "import sys; sys.path.insert(0, sys.argv.pop(1)); from kxlb.cli import main; sys.exit(main(sys.argv[1:]))"
 RUN_SOCKLB = ("import sys; sys.path.insert(0, sys.argv[1]); from kxlb.loader.socklb import attach_socket_lb; "
