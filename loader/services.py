@@ -293,6 +293,12 @@ class _Frontends:
                    if kind == Kind.CLUSTER_IP and self._keys[i * ks:i * ks + al] == raw)
 
 
+def slots_named(maps: Maps, fam: Family) -> int:
+    """Slots of one family's backend array that frontends name (in use), from one read of
+    its frontend map."""
+    return sum(n for _, n in _Frontends(maps, fam).runs())
+
+
 class FrontendSnapshot:
     """Both families' frontend maps read raw at one moment (a batch read each), for
     ServiceTable.stray_entries() to go through a part at a time: a sequence of entries

@@ -15,6 +15,7 @@ from .datapath import BUILD_RECORD
 from .journal import INTENT
 from .conntrack import masq_usage
 from .layout import BPF_DIR, DP_COUNTERS, FAMILIES, C
+from .errors import KxlbError
 from .lock import holders
 from .mapspec import datapath_specs
 from .migrate import _RawMap
@@ -64,6 +65,26 @@ def _fill(pin_dir: str) -> dict[str, dict[str, int]]:
             out[pin] = {"entries": n, "capacity": raw.max_entries}
         finally:
             os.close(fd)
+    out.update(_slots_used(pin_dir))
+    return out
+
+
+def _slots_used(pin_dir: str) -> dict[str, dict[str, int]]:
+    """The backend arrays' slots in use: the runs the frontends name (an array itself has
+    no count of entries)."""
+    from .maps import Maps
+    from .services import slots_named
+
+    out = {}
+    try:
+        maps = Maps.open(pin_dir)
+    except KxlbError:
+        return out
+    with maps:
+        for fam in FAMILIES:
+            m = fam.map(maps, "backends")
+            out[os.path.basename(m.path)] = {"entries": slots_named(maps, fam),
+                                             "capacity": m.max_entries - 1}   # slot 0 is never used
     return out
 
 

@@ -283,10 +283,11 @@ def test_status_and_list_of_one_frontend(netlab):
     assert "masquerade      IPv4 ports 20000-20999: 3 of 1000 in use   0.3% (3 flows)" in text
     assert [a["state"] for a in st["attachments"]] == ["ok"] * 4
     assert st["writer"] is None and st["interrupted_write"] is None
-    assert st["maps"]["services"]["entries"] == 6  # 3 cluster IPs' ports, a NodePort, 2 markers
+    assert st["maps"][current_pin("services")]["entries"] == 6  # 3 cluster IPs' ports, a NodePort, 2 markers
+    assert st["maps"][current_pin("backends")]["entries"] == 3   # one slot per service port
     assert st["maps"][current_pin("conntrack")]["entries"] >= 1   # the client socket's record
     assert st["build"]["digest"]
-    assert "attached        tc on cli0 in netns" in text and "map             services" in text
+    assert "attached        tc on cli0 in netns" in text and f"map             {current_pin('services')}" in text
     got = json.loads(ok(kxlb(pin, "list", f"{VIP}:80/tcp", "--json")).stdout)
     assert [(s["service"], s["backends"], [f["port"] for f in s["frontends"]]) for s in got] == [
         (f"{VIP}:80/tcp", [f"{lab.backend_ip(0)}:8080"], [80, 30080])]
