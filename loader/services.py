@@ -37,7 +37,6 @@ SETS = (C["SET_CLUSTER"], C["SET_LOCAL"])
 # struct layouts of maps.h for bulk packing (network-order fields as raw bytes / "!H");
 # tests/test_layout.py checks them against the ctypes mirrors. The per-family ones
 # (svc_key, backend) are Family's.
-_MAGLEV_KEY = struct.Struct("=IHBB")      # struct maglev_key
 _SVC_VALUE = struct.Struct("=IHHBBHIHHII")  # struct svc_value (both families)
 _SVC_WORDS = _SVC_VALUE.size // 4
 
