@@ -72,8 +72,8 @@ struct svc_value {
  * slots are a run of it, allocated by user space (loader/slots.py); slot 0 of the array
  * is never used. A freed run keeps its contents until it is given to another set, after a
  * quarantine; `tag` names the set a slot was written for, so a packet still holding an
- * entry from before a run changed hands finds another tag and re-reads the entry. */
-/* Its high bit always set: a slot never written (all zero) is no set's. */
+ * entry from before a run changed hands finds another tag and re-reads the entry. A
+ * tag's high bit is always set: a slot never written (all zero) is no set's. */
 #define KXLB_SLOT_TAG(svc_id, gen) ((__u16)((((svc_id) << 1) | (gen)) | 0x8000))
 struct backend {
 	__be32 addr;
