@@ -497,8 +497,9 @@ def build_parser() -> argparse.ArgumentParser:
     dg.set_defaults(func=cmd_downgrade)
     _wait_option(dg)
 
-    gc = sub.add_parser("gc", help="remove backend slots, Maglev tables, source ranges and markers that no "
-                                   "service reaches (left by a writer that was killed, or by an older kxlb)")
+    gc = sub.add_parser("gc", help="remove Maglev tables, source ranges and markers that no service reaches "
+                                   "(left by a writer that was killed); backend slots no service names are free "
+                                   "already")
     gc.set_defaults(func=cmd_gc)
     _wait_option(gc)
 
