@@ -25,14 +25,16 @@ from .errors import KxlbError
 from .lock import WriterLock
 from .mapspec import LAYOUTS_FILE, MAP_TYPES, datapath_specs, pin_name
 from .registry import Registry
+from .svc_migrate import BACKEND_KEY_V1, SVC_VALUE_V1
 
 OLD_SPECS = {  # (base, version): (type, key size, value size, flags, capacity from this build's)
     ("conntrack", 1): (MAP_TYPES["lru_hash"], 16, 48, 0, lambda records: 2 * records),
     ("conntrack6", 1): (MAP_TYPES["lru_hash"], 40, 96, 0, lambda records: 2 * records),
-    ("services", 1): (MAP_TYPES["hash"], 8, 24, 1, lambda n: n),          # BPF_F_NO_PREALLOC
-    ("services6", 1): (MAP_TYPES["hash"], 20, 24, 1, lambda n: n),
-    ("backends", 1): (MAP_TYPES["hash"], 8, 8, 1, lambda n: n),
-    ("backends6", 1): (MAP_TYPES["hash"], 8, 20, 1, lambda n: n),
+    # BPF_F_NO_PREALLOC (1); the sizes of layout 1 as loader/svc_migrate.py declares it
+    ("services", 1): (MAP_TYPES["hash"], 8, SVC_VALUE_V1.size, 1, lambda n: n),
+    ("services6", 1): (MAP_TYPES["hash"], 20, SVC_VALUE_V1.size, 1, lambda n: n),
+    ("backends", 1): (MAP_TYPES["hash"], BACKEND_KEY_V1.size, 8, 1, lambda n: n),
+    ("backends6", 1): (MAP_TYPES["hash"], BACKEND_KEY_V1.size, 20, 1, lambda n: n),
 }
 """How to make the older layouts' maps: layout 1 of conntrack kept two entries per flow;
 layout 1 of the slot maps was a hash keyed by (svc_id, slot, gen, set)."""
