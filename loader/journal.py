@@ -1,7 +1,7 @@
 """Writes that cannot leak: the write in progress is recorded before it starts.
 
-A service write is several map operations (bpf/maps.h: slots, then frontends, then the
-old generation's slots go). Each step keeps the maps consistent for packets, but a
+A service write is several map operations (bpf/maps.h: slots and tables, then frontends,
+then the old generation's tables go and its slots are freed). Each step keeps the maps consistent for packets, but a
 writer killed between two steps (SIGKILL, OOM, a node reboot of the process) used to
 leave what it had written for ever: Maglev chunks no frontend reaches, counted against
 the map's capacity. (Backend slots need no repair: a run no frontend names is free by
