@@ -292,10 +292,15 @@ class _Frontends:
                    if kind == Kind.CLUSTER_IP and self._keys[i * ks:i * ks + al] == raw)
 
 
+def runs_named(maps: Maps, fam: Family) -> set[tuple[int, int]]:
+    """(first slot, slots) of every run of one family's backend array that a frontend
+    names, from one read of its frontend map (slot 0 is never a run: an unset one)."""
+    return {(base, n) for base, n in _Frontends(maps, fam).runs() if base and n}
+
+
 def slots_named(maps: Maps, fam: Family) -> int:
-    """Slots of one family's backend array that frontends name (in use), from one read of
-    its frontend map."""
-    return sum(n for _, n in _Frontends(maps, fam).runs())
+    """Slots of one family's backend array that frontends name (in use)."""
+    return sum(n for _, n in runs_named(maps, fam))
 
 
 class FrontendSnapshot:

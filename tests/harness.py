@@ -136,7 +136,8 @@ print(flips, flush=True)
 
 
 def clear_array(m) -> None:
-    """Zero every non-zero entry of an array map (read in batches, written in one)."""
+    """Zero every non-zero entry of an array map (read in batches, written in one). For
+    small arrays: a full read of a 1M-slot backend array takes half a second."""
     import ctypes
 
     size = ctypes.sizeof(m.value_t)
@@ -147,6 +148,23 @@ def clear_array(m) -> None:
              for i in range(b // size, min(b + block, len(raw)) // size) if raw[i * size:(i + 1) * size] != zero]
     if dirty:
         m.put_many_raw(b"".join(i.to_bytes(4, "little") for i in dirty), zero * len(dirty), len(dirty))
+
+
+def clear_runs(maps) -> None:
+    """Zero the backend slots that frontends name, in both families (before the frontends
+    go). A run no frontend names is never read (the datapath only reads a frontend's run),
+    so what a killed writer left beyond them can stay, as it does on a node."""
+    import ctypes
+
+    from kxlb.loader.layout import FAMILIES
+    from kxlb.loader.services import runs_named
+
+    for fam in FAMILIES:
+        m = fam.map(maps, "backends")
+        zero = bytes(ctypes.sizeof(m.value_t))
+        slots = sorted({i for base, n in runs_named(maps, fam) for i in range(base, min(base + n, m.max_entries))})
+        if slots:
+            m.put_many_raw(b"".join(i.to_bytes(4, "little") for i in slots), zero * len(slots), len(slots))
 
 
 @contextmanager
@@ -160,17 +178,14 @@ def clean_table(maps, **table_options) -> Iterator:
     try:
         yield t
     finally:
+        clear_runs(maps)
         for m in (maps.services, maps.maglev, maps.src_ranges, maps.conntrack, maps.frags,
                   maps.affinity, maps.services6, maps.src_ranges6, maps.conntrack6, maps.frags6,
                   maps.affinity6):
             for k in list(m.keys()):
                 m.delete(k)
-        for m in (maps.backends, maps.backends6):  # arrays: their written slots zeroed
+        for m in (maps.masq_ports, maps.masq_ports6):  # arrays: every way emptied, its stamps too
             clear_array(m)
-        for m in (maps.masq_ports, maps.masq_ports6):  # arrays: their claimed ways emptied
-            for k, v in m.items():
-                if any(w.claim for w in v.way):
-                    m.put(k, type(v)())
         t.set_config(DatapathConfig())
 
 
