@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -84,7 +85,11 @@ VM_TESTS = ("tests/test_prog_run.py",
             NETNS + "test_injected_frame_arrives_rewritten_at_the_backend[tc]",
             NETNS + "test_injected_frame_arrives_rewritten_at_the_backend[xdp]",
             NETNS + "test_ipv6_tcp_and_udp_reach_every_backend_and_replies_come_from_the_vip[tc]")
+# Left to the host: the writer's race with a reader, timed by flips of a writer process,
+# takes 5 minutes a hook under TCG and checks the writer's order, not the kernel's.
+VM_DESELECT = ("tests/test_prog_run.py::test_backend_swap_never_exposes_a_half_written_service",)
 VM_TEST_TIMEOUT = 1800              # s per test in the VM (pytest-timeout; the suite's is 300)
+VM_TESTS_DEADLINE = 4800            # s for the VM's whole test run (about 45 minutes under TCG)
 VM_PROJECT = "/kxlb"
 VM_NAME = "kxlb-lab"                # the libvirt domain (Vagrantfile: default_prefix "" + define)
 
@@ -469,8 +474,42 @@ class VM:
 
     def ssh(self, command: str, *, what: str, timeout: float = 3600, log: str | None = None,
             check: bool = True) -> subprocess.CompletedProcess:
-        return self.vagrant("ssh", "-c", command, "--", "-o", "ServerAliveInterval=30", what=what,
-                            timeout=timeout, log=log, check=check)
+        keepalive = ("-o", "ServerAliveInterval=30", "-o", "ServerAliveCountMax=20")  # 10 min unanswered
+        return self.vagrant("ssh", "-c", command, "--", *keepalive, what=what, timeout=timeout, log=log, check=check)
+
+    def run_detached(self, command: str, *, what: str, log: str, deadline: float, poll: float = 60) -> int:
+        """Run *command* in the VM in a session of its own and wait for its exit code by
+        polling, its output copied to build/vagrant/*log* at the end. A long run does not
+        hang on one ssh connection: a VM starved of CPU under TCG (niced, beside the host's
+        suite) can miss ssh's keepalives, and a dropped connection would hang the run up
+        and lose its results. Returns the exit code; raises VagrantLabError when the run
+        outlives *deadline* seconds or the VM stops answering."""
+        d = "/tmp/kxlb-detached"
+        body = f"{command} > {d}/out 2>&1; echo $? > {d}/rc.part && mv {d}/rc.part {d}/rc"
+        self.ssh(f"rm -rf {d} && mkdir -p {d} && setsid nohup sh -c {shlex.quote(body)} "
+                 f"< /dev/null > /dev/null 2>&1 &", what=what, timeout=600)
+        started, unanswered = time.monotonic(), 0
+        while True:
+            time.sleep(poll)
+            try:
+                r = self.ssh(f"cat {d}/rc 2>/dev/null || echo running", what=what, check=False, timeout=300)
+                last = r.stdout.strip().splitlines()[-1:] if r.returncode == 0 else []
+            except VagrantLabError:     # this poll's ssh hung: the next one asks again
+                last = []
+            unanswered = 0 if last else unanswered + 1
+            if last and last[0] != "running":
+                break
+            if unanswered >= 10 or time.monotonic() - started > deadline:
+                why = "stopped answering ssh" if unanswered >= 10 else f"was not done after {deadline:.0f}s"
+                self._fetch(f"{d}/out", log)
+                raise VagrantLabError(f"{what}: the VM {why} (log {self.logs / log})")
+        self._fetch(f"{d}/out", log)
+        return int(last[0])
+
+    def _fetch(self, path: str, log: str) -> None:
+        r = self.ssh(f"cat {path}", what=f"the VM's {path}", check=False, timeout=600)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        (self.logs / log).write_text(r.stdout)
 
     def destroy(self) -> None:
         self.vagrant("destroy", "-f", check=False, timeout=600)
@@ -533,6 +572,14 @@ def _keep_vm_niced(nice: int) -> None:
     threading.Thread(target=loop, daemon=True, name="vm-nice").start()
 
 
+def _tail(path: Path, lines: int = 12) -> list[str]:
+    """The last lines of a log, for CI's output (where the log itself is not kept)."""
+    try:
+        return path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError as e:
+        return [f"({path}: {e.strerror})"]
+
+
 def _run_tests(log: Callable[[str], None], keep: bool) -> int:
     started = time.monotonic()
     if os.environ.get("KXLB_VAGRANT_NICE"):
@@ -557,9 +604,10 @@ def _run_tests(log: Callable[[str], None], keep: bool) -> int:
         tests = " ".join(f"'{t}'" for t in VM_TESTS)
         # The suite's 300 s per test guards against hangs at native speed; under TCG a compile
         # alone takes 2-5 minutes (more while the host is busy), so the VM's guard is longer.
-        r = vm.ssh(f"cd {VM_PROJECT} && sudo .venv/bin/python -m pytest -p no:cacheprovider -q -ra "
-                   f"-o timeout={VM_TEST_TIMEOUT} --junitxml={junit} {tests}", what="the datapath tests in the VM",
-                   log="pytest.log", check=False)
+        deselect = " ".join(f"--deselect '{t}'" for t in VM_DESELECT)
+        rc = vm.run_detached(f"cd {VM_PROJECT} && sudo .venv/bin/python -m pytest -p no:cacheprovider -q -ra "
+                             f"-o timeout={VM_TEST_TIMEOUT} --durations=15 --junitxml={junit} {tests} {deselect}",
+                             what="the datapath tests in the VM", log="pytest.log", deadline=VM_TESTS_DEADLINE)
         times["tests"] = time.monotonic() - t
         xml = vm.ssh(f"cat {junit}", what="the tests' results", check=False).stdout
         if xml.strip().startswith("<?xml") or xml.strip().startswith("<testsuite"):
@@ -574,7 +622,11 @@ def _run_tests(log: Callable[[str], None], keep: bool) -> int:
                       log="demo.log", check=False)
         times["demo"] = time.monotonic() - t
         log(f"vm: standalone demo exit {demo.returncode} in {times['demo']:.0f}s (log {vm.logs / 'demo.log'})")
-        ok = results is not None and results.ok() and r.returncode == 0 and demo.returncode == 0
+        if not results or rc:
+            log("vm: the tests' output ends: " + " | ".join(_tail(vm.logs / "pytest.log")))
+        if demo.returncode:
+            log("vm: the demo's output ends: " + " | ".join(_tail(vm.logs / "demo.log")))
+        ok = results is not None and results.ok() and rc == 0 and demo.returncode == 0
     finally:
         if not keep:
             t = time.monotonic()

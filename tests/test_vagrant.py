@@ -56,6 +56,8 @@ def test_the_vms_tests_are_tests_of_the_suite():
     collected = [l for l in r.stdout.splitlines() if "::" in l]
     assert sum(1 for t in lab_vagrant.VM_TESTS if "::" in t) <= len(collected)
     assert any(l.startswith("tests/test_prog_run.py::") for l in collected)
+    for left_out in lab_vagrant.VM_DESELECT:    # each names tests the VM would otherwise run
+        assert any(l.startswith(left_out) for l in collected), left_out
 
 
 def test_the_vm_is_never_bridged_or_natted_on_the_host():
