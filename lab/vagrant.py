@@ -486,8 +486,10 @@ class VM:
         outlives *deadline* seconds or the VM stops answering."""
         d = "/tmp/kxlb-detached"
         body = f"{command} > {d}/out 2>&1; echo $? > {d}/rc.part && mv {d}/rc.part {d}/rc"
-        self.ssh(f"rm -rf {d} && mkdir -p {d} && setsid nohup sh -c {shlex.quote(body)} "
-                 f"< /dev/null > /dev/null 2>&1 &", what=what, timeout=600)
+        # The braces put only the run in the background (a trailing & would take the whole
+        # list, whose shell keeps ssh's output open until the run ends).
+        self.ssh(f"rm -rf {d} && mkdir -p {d} && {{ setsid nohup sh -c {shlex.quote(body)} "
+                 f"< /dev/null > /dev/null 2>&1 & }}", what=what, timeout=600)
         started, unanswered = time.monotonic(), 0
         while True:
             time.sleep(poll)
