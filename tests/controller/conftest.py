@@ -95,7 +95,9 @@ class ControllerProcess:
         if wait_ready:
             self.wait_ready()
 
-    def wait_ready(self, timeout: float = 30) -> None:
+    def wait_ready(self, timeout: float = 120) -> None:
+        # Ready comes after the datapath's compile: ~25 s on a quiet 2-core machine, more
+        # than 30 beside CI's other job (the Vagrant VM's box build or boot under TCG).
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.proc.poll() is not None:
