@@ -89,7 +89,7 @@ VM_TESTS = ("tests/test_prog_run.py",
 # takes 5 minutes a hook under TCG and checks the writer's order, not the kernel's.
 VM_DESELECT = ("tests/test_prog_run.py::test_backend_swap_never_exposes_a_half_written_service",)
 VM_TEST_TIMEOUT = 1800              # s per test in the VM (pytest-timeout; the suite's is 300)
-VM_TESTS_DEADLINE = 4800            # s for the VM's whole test run (about 45 minutes under TCG)
+VM_TESTS_DEADLINE = 4800            # s allowed the VM's whole test run (it takes about 45 min under TCG)
 VM_PROJECT = "/kxlb"
 VM_NAME = "kxlb-lab"                # the libvirt domain (Vagrantfile: default_prefix "" + define)
 
