@@ -146,25 +146,29 @@ def clear_array(m) -> None:
     empty = bytes(block)
     dirty = [i for b in range(0, len(raw), block) if raw[b:b + block] != empty[:len(raw[b:b + block])]
              for i in range(b // size, min(b + block, len(raw)) // size) if raw[i * size:(i + 1) * size] != zero]
-    if dirty:
-        m.put_many_raw(b"".join(i.to_bytes(4, "little") for i in dirty), zero * len(dirty), len(dirty))
+    _zero_slots(m, dirty)
+
+
+def _zero_slots(m, indexes: list[int]) -> None:
+    """Zero the entries of array map ``m`` at ``indexes``, in one batch write."""
+    import ctypes
+
+    if indexes:
+        zero = bytes(ctypes.sizeof(m.value_t))
+        m.put_many_raw(b"".join(i.to_bytes(4, "little") for i in indexes), zero * len(indexes), len(indexes))
 
 
 def clear_runs(maps) -> None:
     """Zero the backend slots that frontends name, in both families (before the frontends
     go). A run no frontend names is never read (the datapath only reads a frontend's run),
     so what a killed writer left beyond them can stay, as it does on a node."""
-    import ctypes
-
     from kxlb.loader.layout import FAMILIES
     from kxlb.loader.services import runs_named
 
     for fam in FAMILIES:
         m = fam.map(maps, "backends")
-        zero = bytes(ctypes.sizeof(m.value_t))
-        slots = sorted({i for base, n in runs_named(maps, fam) for i in range(base, min(base + n, m.max_entries))})
-        if slots:
-            m.put_many_raw(b"".join(i.to_bytes(4, "little") for i in slots), zero * len(slots), len(slots))
+        named = {i for base, n in runs_named(maps, fam) for i in range(base, min(base + n, m.max_entries))}
+        _zero_slots(m, sorted(named))
 
 
 @contextmanager
