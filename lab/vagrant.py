@@ -504,7 +504,8 @@ class VM:
             if unanswered >= 10 or time.monotonic() - started > deadline:
                 why = "stopped answering ssh" if unanswered >= 10 else f"was not done after {deadline:.0f}s"
                 self._fetch(f"{d}/out", log)
-                raise VagrantLabError(f"{what}: the VM {why} (log {self.logs / log})")
+                raise VagrantLabError(f"{what}: the VM {why} (log {self.logs / log}); its output ends: "
+                                      + " | ".join(_tail(self.logs / log)))
         self._fetch(f"{d}/out", log)
         return int(last[0])
 
